@@ -1,0 +1,388 @@
+"""The host agent: `python -m backends.agent [--workdir DIR]`, JSON lines on stdio.
+
+Started per connection (over SSH, or as a local subprocess). It holds no state
+the run store does not: subscriptions are offsets the client also knows, so a
+client that reconnects to a fresh agent resumes where it stopped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import contextlib
+import os
+import socket
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import backends
+from backends import protocol, runctl
+from backends.freegpus import free_gpus
+from backends.gpus import GpuSampler
+from backends.protocol import (
+    MAX_LINE_BYTES,
+    PROTOCOL_VERSION,
+    STREAMS,
+    TERMINAL_STATES,
+    GpuInfo,
+    LogChunk,
+    MetricsResult,
+    ProtocolError,
+    Request,
+    RunInfo,
+    RunProblem,
+    StatusResult,
+)
+from backends.runstore import (
+    DEFAULT_WORKDIR,
+    EVENTS,
+    METRICS,
+    OUTPUT,
+    RunDir,
+    RunNotFound,
+    RunStore,
+    StoreError,
+    read_jsonl,
+)
+
+STREAM_FILES = {"log": OUTPUT, "metrics": METRICS, "events": EVENTS}
+# Poll fast while data flows, back off when idle (idle CPU vs. streaming lag).
+POLL_MIN_S = 0.02
+POLL_MAX_S = 0.2
+CHUNK_BYTES = 1024 * 1024
+
+
+def read_bytes(path: Path, offset: int, max_bytes: int) -> bytes:
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(offset)
+            return fh.read(max_bytes)
+    except FileNotFoundError:
+        return b""
+
+
+def file_size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
+def tail_offset(path: Path, lines: int) -> int:
+    """Offset where the last `lines` lines of the file begin."""
+    size = file_size(path)
+    if lines <= 0:
+        return size
+    pos = size
+    found = 0
+    block = 64 * 1024
+    with open(path, "rb") as fh:
+        # A final line without newline counts as a line; skip its terminator otherwise.
+        fh.seek(max(0, size - 1))
+        if size and fh.read(1) == b"\n":
+            pos -= 1
+        while pos > 0:
+            start = max(0, pos - block)
+            fh.seek(start)
+            data = fh.read(pos - start)
+            idx = len(data)
+            while True:
+                idx = data.rfind(b"\n", 0, idx)
+                if idx < 0:
+                    break
+                found += 1
+                if found == lines:
+                    return start + idx + 1
+            pos = start
+    return 0
+
+
+@dataclass
+class Subscription:
+    id: int
+    run: RunDir | None
+    offsets: dict[str, int]
+    gpu_interval: float | None
+    next_gpu_at: float = 0.0
+    last_state: str | None = None
+    ended: bool = False
+    idle_sleep: float = POLL_MIN_S
+    wake_at: float = 0.0
+
+
+class Agent:
+    def __init__(self, store: RunStore, writer: asyncio.StreamWriter) -> None:
+        self.store = store
+        self.writer = writer
+        self.subs: dict[int, Subscription] = {}
+        self.next_sub = 1
+        self._sampler: GpuSampler | None = None
+        self._poller: asyncio.Task[None] | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+        # Live run children by pid, refreshed before each GPU sample.
+        self._owners: dict[int, str] = {}
+        self.cwd = os.getcwd()
+
+    # ----- plumbing -----
+    async def send(self, msg: dict[str, Any]) -> None:
+        self.writer.write(protocol.encode(msg))
+        await self.writer.drain()
+
+    @property
+    def sampler(self) -> GpuSampler:
+        if self._sampler is None:
+            self._sampler = GpuSampler(owner_of=self._owner_of)
+        return self._sampler
+
+    def _owner_of(self, pid: int) -> str | None:
+        return runctl.owner_of(pid, self._owners)
+
+    def sample_gpus(self) -> list[GpuInfo]:
+        self._owners = runctl.owner_lookup(self.store)
+        return self.sampler.sample()
+
+    async def serve(self, reader: asyncio.StreamReader) -> None:
+        while True:
+            try:
+                line = await reader.readline()
+            except ValueError:
+                # Over the line limit: drop the rest of that line and say so.
+                await self._discard_line(reader)
+                await self.send(protocol.error_reply(None, "too_long", f"request over {MAX_LINE_BYTES} bytes"))
+                continue
+            if not line:
+                break
+            if not line.strip():
+                continue
+            task = asyncio.create_task(self.handle_line(line))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+        if self._poller is not None:
+            self._poller.cancel()
+        for task in list(self._tasks):
+            task.cancel()
+
+    async def _discard_line(self, reader: asyncio.StreamReader) -> None:
+        while True:
+            try:
+                await reader.readuntil(b"\n")
+                return
+            except asyncio.LimitOverrunError as exc:
+                await reader.readexactly(exc.consumed)
+            except asyncio.IncompleteReadError:
+                return
+
+    async def handle_line(self, line: bytes) -> None:
+        request_id: int | str | None = None
+        try:
+            request = protocol.parse_request(line)
+            request_id = request.id
+            result = await self.dispatch(request)
+            await self.send(protocol.ok_reply(request.id, result))
+        except ProtocolError as exc:
+            await self.send(protocol.error_reply(exc.request_id, exc.code, exc.message))
+        except runctl.OpError as exc:
+            await self.send(protocol.error_reply(request_id, exc.code, exc.message))
+        except RunNotFound as exc:
+            await self.send(protocol.error_reply(request_id, "not_found", str(exc)))
+        except StoreError as exc:
+            await self.send(protocol.error_reply(request_id, "store", str(exc)))
+        except Exception as exc:  # a bug must cost one request, never the agent
+            await self.send(protocol.error_reply(request_id, "internal", f"{type(exc).__name__}: {exc}"))
+
+    async def dispatch(self, request: Request) -> Any:
+        handler = getattr(self, f"op_{request.op}")
+        return await handler(**request.args)
+
+    # ----- operations -----
+    async def op_hello(self) -> dict[str, Any]:
+        return {
+            "version": PROTOCOL_VERSION,
+            "agent": backends.__version__,
+            "host": socket.gethostname(),
+            "workdir": str(self.store.workdir),
+            "pid": os.getpid(),
+            "python": sys.version.split()[0],
+        }
+
+    def _runs(self) -> tuple[list[RunInfo], list[RunProblem]]:
+        infos: list[RunInfo] = []
+        problems: list[RunProblem] = []
+        for run in self.store.all():
+            try:
+                infos.append(run.info())
+            except StoreError as exc:
+                problems.append({"run": run.id, "error": str(exc)})
+        return infos, problems
+
+    async def op_status(self, gpus: bool) -> StatusResult:
+        runs, problems = self._runs()
+        gpu_list = await asyncio.to_thread(self.sample_gpus) if gpus else []
+        return {
+            "host": socket.gethostname(),
+            "gpu_source": self.sampler.source if gpus else "none",
+            "runs": runs,
+            "gpus": gpu_list,
+            "problems": problems,
+        }
+
+    async def op_list_runs(self) -> dict[str, Any]:
+        runs, problems = self._runs()
+        return {"runs": runs, "problems": problems}
+
+    async def op_launch(self, **args: Any) -> dict[str, Any]:
+        spec = runctl.checked_spec(args, self.cwd)
+        return await asyncio.to_thread(runctl.launch, self.store, spec)
+
+    async def op_kill(self, run: str, signal: str, grace: float) -> Any:
+        return await asyncio.to_thread(runctl.kill, self.store.get(run), signal, grace)
+
+    async def op_relaunch(self, run: str, set: list[str], unset: list[str], grace: float) -> Any:
+        return await asyncio.to_thread(runctl.relaunch, self.store, run, set, unset, grace)
+
+    async def op_free_gpus(self, gpus: list[int] | None, dry_run: bool, timeout: float, grace: float) -> Any:
+        if gpus is not None and not all(isinstance(g, int) and not isinstance(g, bool) for g in gpus):
+            raise runctl.OpError("bad_args", "gpus must be a list of GPU indices")
+        self._owners = runctl.owner_lookup(self.store)
+        return await asyncio.to_thread(free_gpus, self.sampler, gpus, dry_run, timeout, grace)
+
+    async def op_logs(self, run: str, offset: int | None, tail: int | None, max_bytes: int) -> LogChunk | Any:
+        rundir = self.store.get(run)
+        path = rundir.file(OUTPUT)
+        size = file_size(path)
+        if offset is None:
+            offset = tail_offset(path, tail) if tail is not None else 0
+        data = read_bytes(path, offset, max_bytes)
+        return {
+            "offset": offset,
+            "next_offset": offset + len(data),
+            "size": size,
+            "data_b64": base64.b64encode(data).decode(),
+            "state": rundir.state(),
+        }
+
+    async def op_metrics(self, run: str, offset: int) -> MetricsResult:
+        rundir = self.store.get(run)
+        rows, skipped, next_offset = read_jsonl(rundir.file(METRICS), offset)
+        dict_rows = [r for r in rows if isinstance(r, dict)]
+        return {"rows": dict_rows, "skipped": skipped + len(rows) - len(dict_rows), "next_offset": next_offset}
+
+    async def op_subscribe(self, run: str | None, offsets: dict[str, Any], gpu_interval: float | None) -> Any:
+        rundir = self.store.get(run) if run is not None else None
+        bad = [k for k, v in offsets.items() if k not in STREAMS or not isinstance(v, int) or v < 0]
+        if bad:
+            raise runctl.OpError("bad_args", f"offsets: unknown stream or bad offset for {', '.join(bad)}")
+        if gpu_interval is not None and gpu_interval < 0.1:
+            raise runctl.OpError("bad_args", "gpu_interval must be at least 0.1 s")
+        sub = Subscription(
+            id=self.next_sub,
+            run=rundir,
+            offsets={name: offsets.get(name, 0) for name in STREAMS} if rundir else {},
+            gpu_interval=gpu_interval,
+        )
+        self.next_sub += 1
+        self.subs[sub.id] = sub
+        if self._poller is None or self._poller.done():
+            self._poller = asyncio.create_task(self.poll_loop())
+        return {"sub": sub.id, "run": rundir.id if rundir else None}
+
+    async def op_unsubscribe(self, sub: int) -> dict[str, Any]:
+        if self.subs.pop(sub, None) is None:
+            raise runctl.OpError("not_found", f"no subscription {sub}")
+        return {"sub": sub}
+
+    # ----- streaming -----
+    async def poll_loop(self) -> None:
+        while self.subs:
+            now = time.monotonic()
+            for sub in list(self.subs.values()):
+                if sub.wake_at > now:
+                    continue
+                moved = await self.poll_sub(sub, now)
+                sub.idle_sleep = POLL_MIN_S if moved else min(POLL_MAX_S, sub.idle_sleep * 2)
+                sub.wake_at = now + (0 if moved else sub.idle_sleep)
+                if sub.ended:
+                    self.subs.pop(sub.id, None)
+            if self.subs:
+                wake = min(s.wake_at for s in self.subs.values())
+                await asyncio.sleep(max(0.0, wake - time.monotonic()))
+
+    async def poll_sub(self, sub: Subscription, now: float) -> bool:
+        moved = False
+        if sub.gpu_interval is not None and now >= sub.next_gpu_at:
+            sub.next_gpu_at = now + sub.gpu_interval
+            gpus = await asyncio.to_thread(self.sample_gpus)
+            await self.send(
+                protocol.stream_message(sub.id, "gpus", {"t": time.time(), "source": self.sampler.source, "gpus": gpus})
+            )
+        if sub.run is None:
+            return moved
+        for stream, name in STREAM_FILES.items():
+            moved |= await self.pump(sub, stream, sub.run.file(name))
+        state = sub.run.state()
+        if state != sub.last_state:
+            sub.last_state = state
+            await self.send(protocol.stream_message(sub.id, "state", {"run": sub.run.id, "state": state}))
+        if state in TERMINAL_STATES and not moved:
+            # Everything written before the end has been delivered: say so once.
+            sub.ended = True
+            await self.send(
+                protocol.stream_message(sub.id, "end", {"run": sub.run.id, "state": state, "offsets": sub.offsets})
+            )
+        return moved
+
+    async def pump(self, sub: Subscription, stream: str, path: Path) -> bool:
+        offset = sub.offsets[stream]
+        if file_size(path) <= offset:
+            return False
+        assert sub.run is not None
+        if stream == "log":
+            data = read_bytes(path, offset, CHUNK_BYTES)
+            sub.offsets[stream] = offset + len(data)
+            body = {
+                "run": sub.run.id,
+                "offset": offset,
+                "next_offset": offset + len(data),
+                "data_b64": base64.b64encode(data).decode(),
+            }
+        else:
+            rows, skipped, next_offset = read_jsonl(path, offset, CHUNK_BYTES)
+            if next_offset == offset:
+                return False  # only a half-written line so far
+            sub.offsets[stream] = next_offset
+            body = {"run": sub.run.id, "offset": offset, "next_offset": next_offset, "rows": rows, "skipped": skipped}
+        await self.send(protocol.stream_message(sub.id, stream, body))
+        return True
+
+
+async def run_agent(workdir: Path) -> None:
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader(limit=MAX_LINE_BYTES)
+    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
+    transport, proto = await loop.connect_write_pipe(asyncio.streams.FlowControlMixin, sys.stdout)
+    writer = asyncio.StreamWriter(transport, proto, None, loop)
+    agent = Agent(RunStore(workdir), writer)
+    try:
+        await agent.serve(reader)
+    finally:
+        with contextlib.suppress(Exception):
+            await writer.drain()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m backends.agent", description=__doc__)
+    parser.add_argument("--workdir", type=Path, default=DEFAULT_WORKDIR, help="run store folder (default %(default)s)")
+    args = parser.parse_args(argv)
+    try:
+        asyncio.run(run_agent(args.workdir))
+    except KeyboardInterrupt:
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,79 @@
+"""Editing a command line's flags for relaunch: set, replace or remove `--flag [value]`.
+
+Both spellings are understood: `--flag value` and `--flag=value`. A flag's
+value is the next token when that token does not itself start with `-`; this
+matches launchers such as SGLang's, whose arguments are all flags.
+"""
+
+from __future__ import annotations
+
+
+class ArgvEditError(ValueError):
+    pass
+
+
+def _check_flag(flag: str) -> None:
+    if not flag.startswith("-") or flag in ("-", "--") or "=" in flag or " " in flag:
+        raise ArgvEditError(f"{flag!r} is not a flag; write it like --disable-cuda-graph")
+
+
+def _takes_value(argv: list[str], index: int) -> bool:
+    return index + 1 < len(argv) and not argv[index + 1].startswith("-")
+
+
+def _find(argv: list[str], flag: str) -> list[tuple[int, int]]:
+    """(start, end) slices of every occurrence of `flag`, with its value."""
+    spans = []
+    for i, arg in enumerate(argv):
+        if arg == flag:
+            spans.append((i, i + 2 if _takes_value(argv, i) else i + 1))
+        elif arg.startswith(flag + "="):
+            spans.append((i, i + 1))
+    return spans
+
+
+def unset_flag(argv: list[str], flag: str) -> list[str]:
+    """argv without any occurrence of `flag` (argv[0], the program, is never touched)."""
+    _check_flag(flag)
+    head, tail = argv[:1], argv[1:]
+    for start, end in reversed(_find(tail, flag)):
+        del tail[start:end]
+    return head + tail
+
+
+def set_flag(argv: list[str], flag: str, value: str | None) -> list[str]:
+    """argv with `flag` set to `value` (or present as a switch when value is None).
+
+    The first occurrence is replaced in place, keeping its spelling; later ones
+    are removed; a flag that was absent is appended.
+    """
+    _check_flag(flag)
+    head, tail = argv[:1], argv[1:]
+    spans = _find(tail, flag)
+    for start, end in reversed(spans[1:]):
+        del tail[start:end]
+    start, end = spans[0] if spans else (len(tail), len(tail))
+    if value is None:
+        replacement = [flag]
+    elif value.startswith("-") or value == "" or (spans and "=" in tail[start]):
+        # A value that looks like a flag (or is empty) only survives as --flag=value.
+        replacement = [f"{flag}={value}"]
+    else:
+        replacement = [flag, value]
+    return head + tail[:start] + replacement + tail[end:]
+
+
+def parse_set(item: str) -> tuple[str, str | None]:
+    """'--flag=value' -> ('--flag', 'value'); '--flag' -> ('--flag', None)."""
+    flag, sep, value = item.partition("=")
+    _check_flag(flag)
+    return flag, (value if sep else None)
+
+
+def edit_argv(argv: list[str], sets: list[str], unsets: list[str]) -> list[str]:
+    for flag in unsets:
+        argv = unset_flag(argv, flag)
+    for item in sets:
+        flag, value = parse_set(item)
+        argv = set_flag(argv, flag, value)
+    return argv

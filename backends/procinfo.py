@@ -1,0 +1,177 @@
+"""Process facts read from /proc, and the one safe way to signal a process.
+
+Every signal this project sends goes through `signal_if_ours`, which checks the
+recorded start time (pid reuse), the owner, pid 1 and our own process chain.
+Linux only: GPU hosts run Linux, and /proc needs no third-party package.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import signal
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+PROC = Path("/proc")
+
+
+@dataclass(frozen=True)
+class ProcIdentity:
+    """A pid plus what makes it unique across pid reuse and reboots."""
+
+    pid: int
+    start_ticks: int
+    boot_id: str
+
+    def to_json(self) -> dict[str, object]:
+        return asdict(self)
+
+    @staticmethod
+    def from_json(data: object) -> ProcIdentity | None:
+        if not isinstance(data, dict):
+            return None
+        try:
+            return ProcIdentity(int(data["pid"]), int(data["start_ticks"]), str(data["boot_id"]))
+        except (KeyError, TypeError, ValueError):
+            return None
+
+
+@dataclass(frozen=True)
+class ProcStat:
+    pid: int
+    ppid: int
+    pgid: int
+    state: str
+    start_ticks: int
+
+
+def boot_id() -> str:
+    try:
+        return (PROC / "sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return "unknown"
+
+
+def read_stat(pid: int) -> ProcStat | None:
+    """Parse /proc/PID/stat; None when the process is gone or unreadable."""
+    try:
+        raw = (PROC / str(pid) / "stat").read_bytes()
+    except OSError:
+        return None
+    # The command name is in parentheses and may itself contain spaces or ')'.
+    rest = raw[raw.rfind(b")") + 2 :].split()
+    try:
+        return ProcStat(
+            pid=pid,
+            state=rest[0].decode(),
+            ppid=int(rest[1]),
+            pgid=int(rest[2]),
+            start_ticks=int(rest[19]),
+        )
+    except (IndexError, ValueError):
+        return None
+
+
+def identify(pid: int) -> ProcIdentity | None:
+    stat = read_stat(pid)
+    if stat is None or stat.state == "Z":
+        return None
+    return ProcIdentity(pid, stat.start_ticks, boot_id())
+
+
+def is_alive(ident: ProcIdentity) -> bool:
+    """True when `ident` still names the same running (non-zombie) process."""
+    current = identify(ident.pid)
+    return current is not None and current == ident
+
+
+def proc_uid(pid: int) -> int | None:
+    try:
+        for line in (PROC / str(pid) / "status").read_text().splitlines():
+            if line.startswith("Uid:"):
+                return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def user_name(uid: int | None) -> str | None:
+    if uid is None:
+        return None
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return str(uid)
+
+
+def all_pids() -> list[int]:
+    return [int(name) for name in os.listdir(PROC) if name.isdigit()]
+
+
+def ancestors(pid: int) -> list[int]:
+    """pid's parent chain, nearest first, excluding pid itself."""
+    chain: list[int] = []
+    stat = read_stat(pid)
+    while stat is not None and stat.ppid > 0 and stat.ppid not in chain:
+        chain.append(stat.ppid)
+        stat = read_stat(stat.ppid)
+    return chain
+
+
+def protected_pids() -> set[int]:
+    """Processes that must never be signalled: pid 1, us, and everyone above us
+    (the agent, the SSH session or the local console that started it)."""
+    me = os.getpid()
+    return {1, me, *ancestors(me)}
+
+
+def refusal(ident: ProcIdentity) -> str | None:
+    """Why `ident` must not be signalled by us, or None when it may."""
+    if ident.pid in protected_pids():
+        return "protected (pid 1, the agent or the console)"
+    if not is_alive(ident):
+        return "gone or pid reused (start time no longer matches)"
+    if proc_uid(ident.pid) != os.geteuid():
+        return f"belongs to user {user_name(proc_uid(ident.pid))}"
+    return None
+
+
+def signal_if_ours(ident: ProcIdentity, sig: signal.Signals) -> str | None:
+    """Send `sig` to the process when it is still ours; return why not otherwise."""
+    reason = refusal(ident)
+    if reason is not None:
+        return reason
+    try:
+        os.kill(ident.pid, sig)
+    except ProcessLookupError:
+        return "gone"
+    except PermissionError as exc:
+        return f"not permitted: {exc.strerror}"
+    return None
+
+
+def descendants(root: int) -> list[int]:
+    """All live descendants of `root` (by parent links), in no particular order."""
+    children: dict[int, list[int]] = {}
+    for pid in all_pids():
+        stat = read_stat(pid)
+        if stat is not None and stat.state != "Z":
+            children.setdefault(stat.ppid, []).append(pid)
+    found: list[int] = []
+    stack = list(children.get(root, []))
+    while stack:
+        pid = stack.pop()
+        if pid not in found:
+            found.append(pid)
+            stack.extend(children.get(pid, []))
+    return found
+
+
+def group_members(pgid: int) -> list[int]:
+    members = []
+    for pid in all_pids():
+        stat = read_stat(pid)
+        if stat is not None and stat.pgid == pgid and stat.state != "Z":
+            members.append(pid)
+    return members

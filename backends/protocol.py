@@ -1,0 +1,282 @@
+"""Every message between the console and the host agent: JSON lines over stdio.
+
+One request per line: {"v": 1, "id": ID, "op": OP, "args": {...}}.
+One reply per request: {"v": 1, "id": ID, "ok": true, "result": {...}}
+                    or {"v": 1, "id": ID, "ok": false, "error": {"code", "message"}}.
+Subscriptions push stream messages: {"v": 1, "sub": N, "stream": ..., ...}.
+Log bytes travel base64-encoded (they may be invalid UTF-8); metric and event
+rows travel parsed. Offsets are byte offsets into the run's files, so a client
+that reconnects resumes exactly where it stopped.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Literal, TypedDict
+
+PROTOCOL_VERSION = 1
+MAX_LINE_BYTES = 16 * 1024 * 1024
+
+RunKind = Literal["extract", "train", "serve", "command"]
+RUN_KINDS: tuple[str, ...] = ("extract", "train", "serve", "command")
+RunState = Literal["starting", "running", "ready", "stalled", "exited", "failed", "killed", "lost"]
+TERMINAL_STATES: frozenset[str] = frozenset({"exited", "failed", "killed", "lost"})
+GpuSourceName = Literal["nvml", "nvidia-smi", "none"]
+SIGNAL_NAMES: tuple[str, ...] = ("TERM", "INT", "KILL")
+STREAMS: tuple[str, ...] = ("log", "metrics", "events")
+
+
+class RunInfo(TypedDict):
+    id: str
+    name: str
+    kind: str
+    state: str
+    phase: str | None
+    pid: int | None
+    argv: list[str]
+    env: dict[str, str]
+    gpus: list[int]
+    started_at: float | None
+    ended_at: float | None
+    exit_code: int | None
+    signal: str | None
+    error: str | None
+    parent: str | None
+    health: str | None
+    stalled_since: float | None
+    stack_dumps: list[str] | None
+
+
+class GpuProcess(TypedDict):
+    pid: int
+    user: str | None
+    mem_mib: int | None
+    run_id: str | None
+
+
+class GpuInfo(TypedDict):
+    """One GPU; any field NVML could not give is None (shown as "n/a")."""
+
+    index: int
+    name: str | None
+    util: int | None
+    mem_used_mib: int | None
+    mem_total_mib: int | None
+    temp_c: int | None
+    power_w: float | None
+    processes: list[GpuProcess]
+
+
+class RunProblem(TypedDict):
+    run: str
+    error: str
+
+
+class StatusResult(TypedDict):
+    host: str
+    gpu_source: str
+    runs: list[RunInfo]
+    gpus: list[GpuInfo]
+    problems: list[RunProblem]  # run folders that cannot be read (corrupt spec.json, ...)
+
+
+class KilledProcess(TypedDict):
+    pid: int
+    signals: list[str]
+    died: bool
+
+
+class KillResult(TypedDict):
+    run: str
+    state: str
+    processes: list[KilledProcess]
+    refused: list[dict[str, Any]]
+    escalated: bool
+
+
+class HeldProcess(TypedDict):
+    pid: int
+    user: str | None
+    mem_mib: int | None
+    run_id: str | None
+    action: str  # "kill", "skip: <reason>", "killed", "survived"
+
+
+class GpuFreeReport(TypedDict):
+    index: int
+    mem_used_before_mib: int | None
+    mem_used_after_mib: int | None
+    freed_mib: int | None
+    processes: list[HeldProcess]
+    still_held: list[HeldProcess]
+
+
+class FreeGpusResult(TypedDict):
+    dry_run: bool
+    gpu_source: str
+    gpus: list[GpuFreeReport]
+
+
+class LogChunk(TypedDict):
+    offset: int
+    next_offset: int
+    size: int
+    data_b64: str
+
+
+class MetricsResult(TypedDict):
+    rows: list[dict[str, Any]]
+    skipped: int
+    next_offset: int
+
+
+class ErrorBody(TypedDict):
+    code: str
+    message: str
+
+
+@dataclass(frozen=True)
+class Request:
+    id: int | str
+    op: str
+    args: dict[str, Any]
+
+
+class ProtocolError(Exception):
+    """A request the agent cannot serve; becomes an error reply, never a crash."""
+
+    def __init__(self, code: str, message: str, request_id: int | str | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.request_id = request_id
+
+
+# Argument schema per op: name -> (accepted types, required, default).
+_ArgSpec = dict[str, tuple[tuple[type, ...], bool, Any]]
+_INT: tuple[type, ...] = (int,)
+_NUM: tuple[type, ...] = (int, float)
+_STR: tuple[type, ...] = (str,)
+_BOOL: tuple[type, ...] = (bool,)
+_LIST: tuple[type, ...] = (list,)
+_DICT: tuple[type, ...] = (dict,)
+_OPT_LIST: tuple[type, ...] = (list, type(None))
+_OPT_STR: tuple[type, ...] = (str, type(None))
+_OPT_NUM: tuple[type, ...] = (int, float, type(None))
+_OPT_INT: tuple[type, ...] = (int, type(None))
+
+OPS: dict[str, _ArgSpec] = {
+    "hello": {},
+    "status": {"gpus": (_BOOL, False, True)},
+    "list_runs": {},
+    "launch": {
+        "kind": (_STR, True, None),
+        "argv": (_LIST, True, None),
+        "name": (_OPT_STR, False, None),
+        "env": (_DICT, False, {}),
+        "cwd": (_OPT_STR, False, None),
+        "gpus": (_LIST, False, []),
+        "health_url": (_OPT_STR, False, None),
+        "stall_after": (_OPT_NUM, False, None),
+    },
+    "kill": {
+        "run": (_STR, True, None),
+        "signal": (_STR, False, "TERM"),
+        "grace": (_NUM, False, 10.0),
+    },
+    "relaunch": {
+        "run": (_STR, True, None),
+        "set": (_LIST, False, []),
+        "unset": (_LIST, False, []),
+        "grace": (_NUM, False, 10.0),
+    },
+    "free_gpus": {
+        "gpus": (_OPT_LIST, False, None),
+        "dry_run": (_BOOL, False, True),
+        "timeout": (_NUM, False, 15.0),
+        "grace": (_NUM, False, 5.0),
+    },
+    "logs": {
+        "run": (_STR, True, None),
+        "offset": (_OPT_INT, False, None),
+        "tail": (_OPT_INT, False, None),
+        "max_bytes": (_INT, False, 4 * 1024 * 1024),
+    },
+    "metrics": {"run": (_STR, True, None), "offset": (_INT, False, 0)},
+    "subscribe": {
+        "run": (_OPT_STR, False, None),
+        "offsets": (_DICT, False, {}),
+        "gpu_interval": (_OPT_NUM, False, None),
+    },
+    "unsubscribe": {"sub": (_INT, True, None)},
+}
+
+
+def parse_request(line: bytes) -> Request:
+    """Decode and validate one request line (without its args' meaning)."""
+    try:
+        msg = json.loads(line)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ProtocolError("bad_json", f"request is not JSON: {exc}") from None
+    if not isinstance(msg, dict):
+        raise ProtocolError("bad_request", "request must be a JSON object")
+    request_id = msg.get("id")
+    if not isinstance(request_id, (int, str)) or isinstance(request_id, bool):
+        raise ProtocolError("bad_request", "request needs an integer or string 'id'")
+    if msg.get("v") != PROTOCOL_VERSION:
+        raise ProtocolError(
+            "bad_version",
+            f"protocol version {msg.get('v')!r} not supported; this agent speaks {PROTOCOL_VERSION}",
+            request_id,
+        )
+    op = msg.get("op")
+    if not isinstance(op, str) or op not in OPS:
+        raise ProtocolError("unknown_op", f"unknown op {op!r}; known: {', '.join(OPS)}", request_id)
+    args = msg.get("args", {})
+    if not isinstance(args, dict):
+        raise ProtocolError("bad_args", "'args' must be a JSON object", request_id)
+    return Request(request_id, op, _check_args(op, args, request_id))
+
+
+def _check_args(op: str, args: dict[str, Any], request_id: int | str) -> dict[str, Any]:
+    schema = OPS[op]
+    unknown = sorted(set(args) - set(schema))
+    if unknown:
+        raise ProtocolError("bad_args", f"{op}: unknown argument(s) {', '.join(unknown)}", request_id)
+    checked: dict[str, Any] = {}
+    for name, (types, required, default) in schema.items():
+        if name not in args:
+            if required:
+                raise ProtocolError("bad_args", f"{op}: missing argument '{name}'", request_id)
+            checked[name] = default
+            continue
+        value = args[name]
+        # bool is an int subclass; accept it only where bool is asked for.
+        if (isinstance(value, bool) and bool not in types) or not isinstance(value, types):
+            wanted = "/".join("null" if t is type(None) else t.__name__ for t in types)
+            raise ProtocolError("bad_args", f"{op}: '{name}' must be {wanted}", request_id)
+        checked[name] = value
+    return checked
+
+
+def request_line(request_id: int | str, op: str, args: dict[str, Any]) -> bytes:
+    return encode({"v": PROTOCOL_VERSION, "id": request_id, "op": op, "args": args})
+
+
+def ok_reply(request_id: int | str, result: object) -> dict[str, Any]:
+    return {"v": PROTOCOL_VERSION, "id": request_id, "ok": True, "result": result}
+
+
+def error_reply(request_id: int | str | None, code: str, message: str) -> dict[str, Any]:
+    error: ErrorBody = {"code": code, "message": message}
+    return {"v": PROTOCOL_VERSION, "id": request_id, "ok": False, "error": error}
+
+
+def stream_message(sub: int, stream: str, body: dict[str, Any]) -> dict[str, Any]:
+    return {"v": PROTOCOL_VERSION, "sub": sub, "stream": stream, **body}
+
+
+def encode(msg: object) -> bytes:
+    # NaN stays allowed: a loss that went NaN is exactly what a user must see.
+    return json.dumps(msg, separators=(",", ":")).encode() + b"\n"

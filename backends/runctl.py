@@ -1,0 +1,228 @@
+"""Run control: launch, kill and relaunch, on top of the run store.
+
+Blocking functions; the agent calls the slow ones in a thread. Every signal
+goes through procinfo.signal_if_ours, with identities taken when the run's
+processes were listed, so a pid recycled meanwhile is never signalled.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from backends import procinfo
+from backends.argv_edit import ArgvEditError, edit_argv
+from backends.masking import mask_argv, mask_env
+from backends.protocol import SIGNAL_NAMES, KilledProcess, KillResult
+from backends.runstore import RunDir, RunSpec, RunStore, StoreError
+
+PACKAGE_ROOT = Path(__file__).resolve().parent.parent
+LAUNCH_CONFIRM_S = 5.0
+POLL_S = 0.05
+KILL_ESCALATION_WAIT_S = 5.0
+EXIT_RECORD_WAIT_S = 2.0
+
+
+class OpError(Exception):
+    """An operation that cannot be done; the message says why and what to do."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+def start_supervisor(run: RunDir) -> None:
+    # cwd = the folder holding `backends`, so `-m` finds it whether installed or uploaded.
+    result = subprocess.run(
+        [sys.executable, "-m", "backends.supervise", "--detach", str(run.path)],
+        cwd=PACKAGE_ROOT,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        timeout=30,
+        check=False,
+    )
+    if result.returncode != 0:
+        detail = result.stderr.decode(errors="replace").strip().splitlines()[-1:] or ["no output"]
+        raise OpError("launch_failed", f"the run supervisor did not start: {detail[0]}")
+
+
+def wait_started(run: RunDir, timeout: float = LAUNCH_CONFIRM_S) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if run.child() is not None or run.exit() is not None:
+            return
+        time.sleep(POLL_S / 2)
+
+
+def launch(store: RunStore, spec: RunSpec) -> dict[str, Any]:
+    """Create the run, start its supervisor, and report its first state."""
+    run = store.create(spec)
+    run.append_event(
+        "launch",
+        kind=spec.kind,
+        name=spec.name,
+        argv=mask_argv(spec.argv),
+        env=mask_env(spec.env),
+        cwd=spec.cwd,
+        gpus=spec.gpus,
+        parent=spec.parent,
+    )
+    start_supervisor(run)
+    wait_started(run)
+    info = run.info()
+    return {"run": run.id, "state": info["state"], "pid": info["pid"], "error": info["error"]}
+
+
+def _run_processes(child: procinfo.ProcIdentity) -> dict[int, procinfo.ProcIdentity]:
+    """The run's live processes: the child's process group and its descendants,
+    limited to processes born no earlier than the child (pgid numbers recycle too)."""
+    pids = {child.pid, *procinfo.group_members(child.pid), *procinfo.descendants(child.pid)}
+    found: dict[int, procinfo.ProcIdentity] = {}
+    for pid in pids:
+        ident = procinfo.identify(pid)
+        if ident is None:
+            continue
+        if pid == child.pid and ident != child:
+            continue
+        if ident.start_ticks >= child.start_ticks:
+            found[pid] = ident
+    return found
+
+
+def _alive(idents: dict[int, procinfo.ProcIdentity]) -> dict[int, procinfo.ProcIdentity]:
+    return {pid: ident for pid, ident in idents.items() if procinfo.is_alive(ident)}
+
+
+def kill(run: RunDir, signal_name: str = "TERM", grace: float = 10.0) -> KillResult:
+    """Signal every process of the run; after `grace` seconds SIGKILL what is left."""
+    if signal_name not in SIGNAL_NAMES:
+        raise OpError("bad_args", f"signal must be one of {', '.join(SIGNAL_NAMES)}")
+    child = run.child()
+    targets = _run_processes(child) if child is not None else {}
+    if not targets:
+        raise OpError("not_running", f"run {run.id} has no live process (state {run.state()}); nothing to kill")
+    sent: dict[int, list[str]] = {}
+    refused: list[dict[str, Any]] = []
+
+    def send(sig: signal.Signals, idents: dict[int, procinfo.ProcIdentity]) -> None:
+        run.append_event("signal", signal=sig.name.removeprefix("SIG"), pids=sorted(idents), by="kill")
+        for pid, ident in idents.items():
+            reason = procinfo.signal_if_ours(ident, sig)
+            if reason is None:
+                sent.setdefault(pid, []).append(sig.name.removeprefix("SIG"))
+            elif procinfo.is_alive(ident) and all(r["pid"] != pid for r in refused):
+                refused.append({"pid": pid, "reason": reason})
+
+    def wait_gone(sig: signal.Signals, seconds: float) -> None:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            # Processes forked after the first signal get it too.
+            newcomers = {p: i for p, i in _run_processes(child).items() if p not in targets} if child else {}
+            if newcomers:
+                targets.update(newcomers)
+                send(sig, newcomers)
+            if not _alive(targets):
+                return
+            time.sleep(POLL_S)
+
+    first = signal.Signals[f"SIG{signal_name}"]
+    send(first, targets)
+    wait_gone(first, grace)
+    escalated = False
+    survivors = _alive(targets)
+    if survivors and first != signal.SIGKILL:
+        escalated = True
+        send(signal.SIGKILL, survivors)
+        wait_gone(signal.SIGKILL, KILL_ESCALATION_WAIT_S)
+    _wait_exit_record(run)
+    processes: list[KilledProcess] = [
+        {"pid": pid, "signals": sent.get(pid, []), "died": not procinfo.is_alive(ident)}
+        for pid, ident in sorted(targets.items())
+    ]
+    return {"run": run.id, "state": run.state(), "processes": processes, "refused": refused, "escalated": escalated}
+
+
+def _wait_exit_record(run: RunDir) -> None:
+    """Give a live supervisor a moment to write exit.json, so the state we report is final."""
+    supervisor = run.supervisor()
+    deadline = time.monotonic() + EXIT_RECORD_WAIT_S
+    while supervisor is not None and procinfo.is_alive(supervisor) and run.exit() is None:
+        if time.monotonic() > deadline:
+            return
+        time.sleep(POLL_S)
+
+
+def has_live_processes(run: RunDir) -> bool:
+    child = run.child()
+    return child is not None and bool(_run_processes(child))
+
+
+def relaunch(store: RunStore, ref: str, sets: list[str], unsets: list[str], grace: float) -> dict[str, Any]:
+    """Launch a copy of a run with flags set or removed, linked to it as parent.
+
+    A parent that is still alive is stopped first: both would want the same
+    GPUs and port.
+    """
+    parent = store.get(ref)
+    spec = parent.spec()
+    if not all(isinstance(x, str) for x in [*sets, *unsets]):
+        raise OpError("bad_args", "flags to set or unset must be strings")
+    try:
+        argv = edit_argv(spec.argv, sets, unsets)
+    except ArgvEditError as exc:
+        raise OpError("bad_args", str(exc)) from None
+    stopped = kill(parent, "TERM", grace) if has_live_processes(parent) else None
+    child_spec = dataclasses.replace(spec, argv=argv, parent=parent.id, created_at=time.time())
+    result = launch(store, child_spec)
+    result.update(parent=parent.id, argv=mask_argv(argv), stopped_parent=stopped)
+    return result
+
+
+def owner_lookup(store: RunStore) -> dict[int, str]:
+    """pid of each live run child -> run id, to attribute GPU processes to runs."""
+    owners: dict[int, str] = {}
+    for run in store.all():
+        if run.exit() is not None:
+            continue
+        child = run.child()
+        if child is not None and procinfo.is_alive(child):
+            owners[child.pid] = run.id
+    return owners
+
+
+def owner_of(pid: int, owners: dict[int, str]) -> str | None:
+    """The run whose process tree holds pid: by parent chain, else by process group."""
+    for candidate in (pid, *procinfo.ancestors(pid)):
+        if candidate in owners:
+            return owners[candidate]
+    stat = procinfo.read_stat(pid)
+    if stat is not None and stat.pgid in owners:
+        return owners[stat.pgid]
+    return None
+
+
+def checked_spec(args: dict[str, Any], cwd_default: str | None) -> RunSpec:
+    spec = RunSpec(
+        kind=args["kind"],
+        argv=list(args["argv"]),
+        name=args["name"] or "",
+        env=dict(args["env"]),
+        cwd=args["cwd"] or cwd_default,
+        gpus=list(args["gpus"]),
+        health_url=args["health_url"],
+        stall_after=args["stall_after"],
+    )
+    try:
+        spec.validate()
+    except StoreError as exc:
+        raise OpError("bad_args", str(exc)) from None
+    if not spec.name:
+        spec.name = Path(spec.argv[0]).name if spec.kind == "command" else spec.kind
+    return spec

@@ -1,0 +1,7 @@
+"""`python -m console` is the `eagle3-console` command."""
+
+import sys
+
+from console.cli import main
+
+sys.exit(main())

@@ -1,0 +1,328 @@
+"""`eagle3-console [--workdir DIR] HOST COMMAND ...`: the scriptable command line.
+
+Exit codes: 0 ok, 1 the operation failed, 2 usage error; every failure is one
+line on stderr that says what happened and what to do.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import json
+import os
+import sys
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import NoReturn
+
+from backends.protocol import RUN_KINDS, SIGNAL_NAMES
+from console import render
+from console.client import AgentClient, AgentError
+from console.transport import LocalTransport, Transport, TransportError
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+
+
+class UsageError(Exception):
+    pass
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with one-line errors and exit code 2."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(f"{message} (see '{self.prog} --help')")
+
+
+def gpu_list(text: str) -> list[int]:
+    try:
+        gpus = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a GPU list like 0,1,3") from None
+    if any(g < 0 for g in gpus):
+        raise argparse.ArgumentTypeError("GPU indices cannot be negative")
+    return gpus
+
+
+def env_pair(text: str) -> tuple[str, str]:
+    name, sep, value = text.partition("=")
+    if not sep or not name:
+        raise argparse.ArgumentTypeError(f"{text!r} is not NAME=VALUE")
+    return name, value
+
+
+def positive(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError("seconds cannot be negative")
+    return value
+
+
+def build_parser() -> Parser:
+    parser = Parser(
+        prog="eagle3-console",
+        description="Train, serve and debug EAGLE-3 drafts on a GPU host.",
+        epilog="HOST is 'local' (this machine). Run 'eagle3-console HOST COMMAND --help' for a command's options.",
+    )
+    parser.add_argument("--workdir", type=Path, help="run store on the host (default ~/.eagle3-console)")
+    parser.add_argument("host", metavar="HOST", help="'local'")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
+
+    p = sub.add_parser("status", help="runs and GPUs")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+
+    p = sub.add_parser("launch", help="start a run: launch KIND [options] -- ARGV...")
+    p.add_argument("kind", choices=RUN_KINDS)
+    p.add_argument("--name", help="a name to find the run by")
+    p.add_argument("--gpus", type=gpu_list, default=[], help="GPUs for CUDA_VISIBLE_DEVICES, e.g. 0,1")
+    p.add_argument("--health-url", help="URL polled for health (serve runs)")
+    p.add_argument("--stall-after", type=positive, help="seconds of silence before the run counts as stalled")
+    p.add_argument("--env", type=env_pair, action="append", default=[], help="NAME=VALUE for the run (repeatable)")
+    p.add_argument("--cwd", help="working directory of the run (default: the current one)")
+    p.add_argument("--json", action="store_true")
+
+    p = sub.add_parser("kill", help="stop a run: SIGTERM, grace period, then SIGKILL")
+    p.add_argument("run", metavar="RUN", help="run id, unique id prefix, or name")
+    p.add_argument("--signal", choices=SIGNAL_NAMES, default="TERM")
+    p.add_argument("--grace", type=positive, default=10.0, help="seconds before SIGKILL (default 10)")
+    p.add_argument("--json", action="store_true")
+
+    p = sub.add_parser("relaunch", help="start a copy of a run with flags changed (stops the old one)")
+    p.add_argument("run", metavar="RUN")
+    p.add_argument("--set", dest="sets", action="append", default=[], metavar="FLAG[=VALUE]")
+    p.add_argument("--unset", dest="unsets", action="append", default=[], metavar="FLAG")
+    p.add_argument("--grace", type=positive, default=10.0)
+    p.add_argument("--json", action="store_true")
+
+    p = sub.add_parser("free-gpus", help="kill your processes holding GPU memory")
+    p.add_argument("--gpus", type=gpu_list, help="GPU indices (default: all)")
+    p.add_argument("--dry-run", action="store_true", help="show the plan only")
+    p.add_argument("--yes", action="store_true", help="do it without asking")
+    p.add_argument("--timeout", type=positive, default=15.0, help="seconds to wait for memory to be released")
+    p.add_argument("--json", action="store_true")
+
+    p = sub.add_parser("logs", help="a run's output")
+    p.add_argument("run", metavar="RUN")
+    p.add_argument("--tail", type=int, help="only the last N lines")
+    p.add_argument("--follow", "-f", action="store_true", help="keep printing until the run ends")
+
+    p = sub.add_parser("metrics", help="a run's metric rows")
+    p.add_argument("run", metavar="RUN")
+    p.add_argument("--json", action="store_true", help="one JSON object per line")
+    return parser
+
+
+def split_argv(args: list[str]) -> tuple[list[str], list[str]]:
+    """Split at the first '--': options before, the run's own argv after."""
+    if "--" in args:
+        cut = args.index("--")
+        return args[:cut], args[cut + 1 :]
+    return args, []
+
+
+def join_flag_values(options: list[str]) -> list[str]:
+    """`--set --disable-cuda-graph` -> `--set=--disable-cuda-graph`: argparse alone
+    would take the value for an option of its own."""
+    joined: list[str] = []
+    items = iter(options)
+    for item in items:
+        if item in ("--set", "--unset"):
+            value = next(items, None)
+            joined.append(item if value is None else f"{item}={value}")
+        else:
+            joined.append(item)
+    return joined
+
+
+def as_flag(text: str) -> str:
+    """'disable-cuda-graph' and '--disable-cuda-graph' both name the flag."""
+    return text if text.startswith("-") else f"--{text}"
+
+
+def make_transport(host: str, workdir: Path | None) -> Transport:
+    if host == "local":
+        return LocalTransport(workdir)
+    raise UsageError(f"unknown HOST {host!r}: this version connects to 'local' only")
+
+
+def out(text: str) -> None:
+    print(text, flush=True)
+
+
+def dump(obj: object) -> None:
+    out(json.dumps(obj, indent=2))
+
+
+Command = Callable[[AgentClient, argparse.Namespace, list[str]], Awaitable[int]]
+
+
+async def cmd_status(client: AgentClient, ns: argparse.Namespace, _: list[str]) -> int:
+    status = await client.request("status")
+    if ns.json:
+        dump(status)
+    else:
+        out(render.status_text(status))
+    return EXIT_OK
+
+
+async def cmd_launch(client: AgentClient, ns: argparse.Namespace, argv: list[str]) -> int:
+    if not argv:
+        raise UsageError("launch needs the command after '--', e.g. launch command -- python train.py")
+    result = await client.request(
+        "launch",
+        kind=ns.kind,
+        argv=argv,
+        name=ns.name,
+        env=dict(ns.env),
+        cwd=ns.cwd or os.getcwd(),
+        gpus=ns.gpus,
+        health_url=ns.health_url,
+        stall_after=ns.stall_after,
+    )
+    if ns.json:
+        dump(result)
+    else:
+        out(result["run"])
+    if result.get("error"):
+        print(f"eagle3-console: run {result['run']} failed to start: {result['error']}", file=sys.stderr)
+        return EXIT_FAILED
+    return EXIT_OK
+
+
+async def cmd_kill(client: AgentClient, ns: argparse.Namespace, _: list[str]) -> int:
+    result = await client.request("kill", run=ns.run, signal=ns.signal, grace=ns.grace)
+    if ns.json:
+        dump(result)
+    else:
+        out(render.kill_text(result))
+    return EXIT_OK if all(p["died"] for p in result["processes"]) else EXIT_FAILED
+
+
+async def cmd_relaunch(client: AgentClient, ns: argparse.Namespace, _: list[str]) -> int:
+    sets = [as_flag(item) for item in ns.sets]
+    unsets = [as_flag(item) for item in ns.unsets]
+    result = await client.request("relaunch", run=ns.run, set=sets, unset=unsets, grace=ns.grace)
+    if ns.json:
+        dump(result)
+        return EXIT_OK
+    if result.get("stopped_parent"):
+        out(render.kill_text(result["stopped_parent"]))
+    out(result["run"])
+    if result.get("error"):
+        print(f"eagle3-console: run {result['run']} failed to start: {result['error']}", file=sys.stderr)
+        return EXIT_FAILED
+    return EXIT_OK
+
+
+async def cmd_free_gpus(client: AgentClient, ns: argparse.Namespace, _: list[str]) -> int:
+    plan = await client.request("free_gpus", gpus=ns.gpus, dry_run=True)
+    victims = [p for g in plan["gpus"] for p in g["processes"] if p["action"] == "kill"]
+    if ns.dry_run or not victims:
+        dump(plan) if ns.json else out(render.free_text(plan))
+        return EXIT_OK
+    if not ns.yes:
+        if not sys.stdin.isatty():
+            raise UsageError("free-gpus would kill processes: add --yes, or --dry-run to see the plan")
+        out(render.free_text(plan))
+        answer = input(f"Kill {len(victims)} process(es)? [y/N] ").strip().lower()
+        if answer not in ("y", "yes"):
+            out("nothing done")
+            return EXIT_OK
+    result = await client.request("free_gpus", gpus=ns.gpus, dry_run=False, timeout=ns.timeout)
+    dump(result) if ns.json else out(render.free_text(result))
+    held = [p for g in result["gpus"] for p in g["processes"] if p["action"] == "survived"]
+    return EXIT_FAILED if held else EXIT_OK
+
+
+def write_log(data_b64: str) -> None:
+    sys.stdout.buffer.write(base64.b64decode(data_b64))
+    sys.stdout.buffer.flush()
+
+
+async def cmd_logs(client: AgentClient, ns: argparse.Namespace, _: list[str]) -> int:
+    if ns.tail is not None and ns.tail < 0:
+        raise UsageError("--tail needs a count of lines, 0 or more")
+    chunk = await client.request("logs", run=ns.run, tail=ns.tail)
+    write_log(chunk["data_b64"])
+    offset = chunk["next_offset"]
+    while not ns.follow and offset < chunk["size"]:
+        chunk = await client.request("logs", run=ns.run, offset=offset)
+        write_log(chunk["data_b64"])
+        offset = chunk["next_offset"]
+    if not ns.follow:
+        return EXIT_OK
+    sub = await client.subscribe(run=ns.run, offsets={"log": offset, "metrics": 1 << 62, "events": 1 << 62})
+    async for msg in sub:
+        if msg["stream"] == "log":
+            write_log(msg["data_b64"])
+    if client.closed_reason:
+        raise TransportError(client.closed_reason)
+    return EXIT_OK
+
+
+async def cmd_metrics(client: AgentClient, ns: argparse.Namespace, _: list[str]) -> int:
+    result = await client.request("metrics", run=ns.run)
+    if ns.json:
+        for row in result["rows"]:
+            out(json.dumps(row))
+    elif result["rows"]:
+        out(render.metrics_table(result["rows"]))
+    else:
+        out("no metrics yet")
+    if result["skipped"]:
+        print(f"eagle3-console: skipped {result['skipped']} malformed metric line(s)", file=sys.stderr)
+    return EXIT_OK
+
+
+COMMANDS: dict[str, Command] = {
+    "status": cmd_status,
+    "launch": cmd_launch,
+    "kill": cmd_kill,
+    "relaunch": cmd_relaunch,
+    "free-gpus": cmd_free_gpus,
+    "logs": cmd_logs,
+    "metrics": cmd_metrics,
+}
+
+
+async def run_command(ns: argparse.Namespace, argv: list[str]) -> int:
+    client = AgentClient(make_transport(ns.host, ns.workdir))
+    try:
+        await client.start()
+        return await COMMANDS[ns.command](client, ns, argv)
+    finally:
+        await client.close()
+
+
+def main(args: list[str] | None = None) -> int:
+    options, argv = split_argv(sys.argv[1:] if args is None else args)
+    try:
+        ns = build_parser().parse_args(join_flag_values(options))
+        if ns.command is None:
+            raise UsageError("no COMMAND given; try 'status' (see 'eagle3-console --help')")
+        if argv and ns.command != "launch":
+            raise UsageError(f"'--' and a command line only go with 'launch', not {ns.command!r}")
+        return asyncio.run(run_command(ns, argv))
+    except UsageError as exc:
+        print(f"eagle3-console: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except AgentError as exc:
+        print(f"eagle3-console: {exc.message}", file=sys.stderr)
+        return EXIT_USAGE if exc.code in ("bad_args", "unknown_op") else EXIT_FAILED
+    except TransportError as exc:
+        print(f"eagle3-console: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    except KeyboardInterrupt:
+        return EXIT_OK
+    except BrokenPipeError:
+        # stdout closed early (e.g. `| head`): not an error of ours.
+        sys.stderr.close()
+        return EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())

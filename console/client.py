@@ -1,0 +1,150 @@
+"""The agent client: requests with replies, and subscriptions that stream.
+
+The CLI and the TUI talk to this, never to a transport. A subscription is an
+async iterator of stream messages; its offsets are kept so a new client (after
+a reconnect) can resume exactly where the old one stopped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+from backends import protocol
+from console.transport import Transport, TransportError
+
+
+class AgentError(Exception):
+    """The agent refused a request; `code` is machine-readable, the message is for people."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+class Subscription:
+    def __init__(self, client: AgentClient, sub_id: int, offsets: dict[str, int]) -> None:
+        self.client = client
+        self.id = sub_id
+        self.offsets = dict(offsets)
+        self.queue: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
+
+    def __aiter__(self) -> AsyncIterator[dict[str, Any]]:
+        return self._iterate()
+
+    async def _iterate(self) -> AsyncIterator[dict[str, Any]]:
+        while True:
+            msg = await self.queue.get()
+            if msg is None:
+                return
+            if "next_offset" in msg and msg.get("stream") in self.offsets:
+                self.offsets[msg["stream"]] = msg["next_offset"]
+            yield msg
+            if msg.get("stream") == "end":
+                return
+
+    async def close(self) -> None:
+        with contextlib.suppress(AgentError, TransportError):
+            await self.client.request("unsubscribe", sub=self.id)
+        self.client._subs.pop(self.id, None)
+
+
+class AgentClient:
+    def __init__(self, transport: Transport) -> None:
+        self.transport = transport
+        self._ids = itertools.count(1)
+        self._pending: dict[int | str, asyncio.Future[Any]] = {}
+        self._subs: dict[int, Subscription] = {}
+        self._early: dict[int, list[dict[str, Any]]] = {}
+        self._reader: asyncio.Task[None] | None = None
+        self.closed_reason: str | None = None
+
+    async def __aenter__(self) -> AgentClient:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def start(self) -> dict[str, Any]:
+        await self.transport.open()
+        self._reader = asyncio.create_task(self._read_loop())
+        hello: dict[str, Any] = await self.request("hello")
+        if hello.get("version") != protocol.PROTOCOL_VERSION:
+            raise TransportError(
+                f"agent speaks protocol {hello.get('version')}, this console {protocol.PROTOCOL_VERSION}; "
+                "update eagle3-console on both sides"
+            )
+        return hello
+
+    async def close(self) -> None:
+        if self._reader is not None:
+            self._reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._reader
+        await self.transport.close()
+
+    async def request(self, op: str, **args: Any) -> Any:
+        request_id = next(self._ids)
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._pending[request_id] = future
+        try:
+            await self.transport.send(protocol.request_line(request_id, op, args))
+            return await future
+        finally:
+            self._pending.pop(request_id, None)
+
+    async def subscribe(
+        self, run: str | None = None, offsets: dict[str, int] | None = None, gpu_interval: float | None = None
+    ) -> Subscription:
+        offsets = offsets or {}
+        result = await self.request("subscribe", run=run, offsets=offsets, gpu_interval=gpu_interval)
+        sub = Subscription(self, result["sub"], {s: offsets.get(s, 0) for s in protocol.STREAMS})
+        self._subs[sub.id] = sub
+        for msg in self._early.pop(sub.id, []):
+            sub.queue.put_nowait(msg)
+        return sub
+
+    async def _read_loop(self) -> None:
+        reason = "the agent closed the connection"
+        try:
+            while True:
+                line = await self.transport.receive()
+                if not line:
+                    break
+                self._dispatch(json.loads(line))
+        except TransportError as exc:
+            reason = str(exc)
+        except ValueError as exc:
+            reason = f"the agent sent something that is not JSON ({exc})"
+        words = self.transport.last_words()
+        self.closed_reason = reason + (f": {words.splitlines()[-1]}" if words else "")
+        error = TransportError(self.closed_reason)
+        for future in self._pending.values():
+            if not future.done():
+                future.set_exception(error)
+        for sub in self._subs.values():
+            sub.queue.put_nowait(None)
+
+    def _dispatch(self, msg: dict[str, Any]) -> None:
+        if "sub" in msg and "stream" in msg:
+            sub = self._subs.get(msg["sub"])
+            if sub is not None:
+                sub.queue.put_nowait(msg)
+            else:
+                # A stream message can beat the subscribe reply to us.
+                self._early.setdefault(msg["sub"], []).append(msg)
+            return
+        future = self._pending.get(msg.get("id"))  # type: ignore[arg-type]
+        if future is None or future.done():
+            return
+        if msg.get("ok"):
+            future.set_result(msg.get("result"))
+        else:
+            error = msg.get("error") or {}
+            future.set_exception(AgentError(str(error.get("code")), str(error.get("message"))))

@@ -1,0 +1,140 @@
+"""Plain-text rendering of agent results for the CLI (tables, n/a, times)."""
+
+from __future__ import annotations
+
+import shlex
+import time
+from collections.abc import Sequence
+from typing import Any
+
+NA = "n/a"
+
+
+def cell(value: object) -> str:
+    if value is None:
+        return NA
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    widths = [len(h) for h in headers]
+    for row in rows:
+        widths = [max(w, len(c)) for w, c in zip(widths, row, strict=True)]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)).rstrip()]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in rows]
+    return "\n".join(lines)
+
+
+def clock(t: float | None) -> str:
+    return time.strftime("%m-%d %H:%M:%S", time.localtime(t)) if t else "-"
+
+
+def truncate(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def exit_text(run: dict[str, Any]) -> str:
+    if run.get("error"):
+        return "error"
+    if run.get("signal"):
+        return f"SIG{run['signal']}"
+    return "-" if run.get("exit_code") is None else str(run["exit_code"])
+
+
+def runs_table(runs: list[dict[str, Any]]) -> str:
+    rows = [
+        [
+            r["id"],
+            truncate(r["name"], 20),
+            r["kind"],
+            r["state"],
+            cell(r["pid"]) if r["pid"] else "-",
+            exit_text(r),
+            clock(r["started_at"]),
+            truncate(shlex.join(r["argv"]), 60),
+        ]
+        for r in runs
+    ]
+    return table(["RUN", "NAME", "KIND", "STATE", "PID", "EXIT", "STARTED", "COMMAND"], rows)
+
+
+def mem(used: int | None, total: int | None) -> str:
+    return f"{cell(used)}/{cell(total)} MiB"
+
+
+def gpus_table(gpus: list[dict[str, Any]]) -> str:
+    rows = []
+    for g in gpus:
+        procs = ", ".join(
+            f"{p['pid']}({p['user'] or NA}{', ' + p['run_id'] if p.get('run_id') else ''}: {cell(p['mem_mib'])} MiB)"
+            for p in g["processes"]
+        )
+        rows.append(
+            [
+                str(g["index"]),
+                cell(g["name"]),
+                f"{cell(g['util'])}%",
+                mem(g["mem_used_mib"], g["mem_total_mib"]),
+                f"{cell(g['temp_c'])}C",
+                f"{cell(g['power_w'])}W",
+                procs or "-",
+            ]
+        )
+    return table(["GPU", "NAME", "UTIL", "MEMORY", "TEMP", "POWER", "PROCESSES"], rows)
+
+
+def status_text(status: dict[str, Any]) -> str:
+    parts = [f"host {status['host']}"]
+    parts.append(runs_table(status["runs"]) if status["runs"] else "no runs yet")
+    for problem in status.get("problems", []):
+        parts.append(f"unreadable run {problem['run']}: {problem['error']}")
+    if status["gpus"]:
+        parts.append(f"GPUs (via {status['gpu_source']})\n" + gpus_table(status["gpus"]))
+    else:
+        parts.append(f"GPUs: none found (source: {status['gpu_source']})")
+    return "\n\n".join(parts)
+
+
+def metrics_table(rows: list[dict[str, Any]]) -> str:
+    columns: list[str] = []
+    for row in rows:
+        columns += [k for k in row if k not in columns]
+    return table(columns, [[cell(row.get(c)) if c in row else "" for c in columns] for row in rows])
+
+
+def kill_text(result: dict[str, Any]) -> str:
+    lines = [f"run {result['run']}: {result['state']}"]
+    for p in result["processes"]:
+        fate = "died" if p["died"] else "STILL ALIVE"
+        lines.append(f"  pid {p['pid']}: sent {'+'.join(p['signals']) or 'nothing'}, {fate}")
+    for r in result["refused"]:
+        lines.append(f"  pid {r['pid']}: not signalled ({r['reason']})")
+    if result["escalated"]:
+        lines.append("  escalated to SIGKILL after the grace period")
+    return "\n".join(lines)
+
+
+def free_text(result: dict[str, Any]) -> str:
+    lines = []
+    if not result["gpus"]:
+        return f"no GPUs found (source: {result['gpu_source']})"
+    for g in result["gpus"]:
+        head = f"GPU {g['index']}:"
+        if result["dry_run"]:
+            head += f" {cell(g['mem_used_before_mib'])} MiB used"
+        else:
+            head += f" freed {cell(g['freed_mib'])} MiB ({cell(g['mem_used_after_mib'])} MiB still used)"
+        lines.append(head)
+        for p in g["processes"]:
+            owner = f"{p['user'] or NA}" + (f", run {p['run_id']}" if p.get("run_id") else "")
+            lines.append(f"  pid {p['pid']} ({owner}, {cell(p['mem_mib'])} MiB): {p['action']}")
+        if not result["dry_run"]:
+            for p in g["still_held"]:
+                lines.append(f"  still held: pid {p['pid']} by {p['user'] or NA} ({cell(p['mem_mib'])} MiB)")
+        if not g["processes"]:
+            lines.append("  no compute processes")
+    if result["dry_run"]:
+        lines.append("dry run: nothing was signalled; add --yes to do it")
+    return "\n".join(lines)

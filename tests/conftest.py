@@ -1,0 +1,107 @@
+"""Shared fixtures: a run store, the CLI as a real subprocess, and a live agent client."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from console.client import AgentClient
+from console.transport import LocalTransport
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def workdir(tmp_path: Path) -> Path:
+    return tmp_path / "work"
+
+
+@pytest.fixture
+def nvml_state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Route every agent started by this test to the NVML double, with one idle GPU."""
+    path = tmp_path / "nvml.json"
+    path.write_text(
+        json.dumps(
+            {
+                "gpus": [
+                    {
+                        "name": "NVIDIA H200",
+                        "util": 0,
+                        "mem_total_mib": 143771,
+                        "base_used_mib": 0,
+                        "temp_c": 30,
+                        "power_w": 70.0,
+                        "processes": [],
+                    }
+                ]
+            }
+        )
+    )
+    monkeypatch.setenv("EAGLE3_NVML_MODULE", "tests.fake_nvml")
+    monkeypatch.setenv("FAKE_NVML_STATE", str(path))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
+    return path
+
+
+CLI = Callable[..., subprocess.CompletedProcess[bytes]]
+
+
+@pytest.fixture
+def cli(workdir: Path, nvml_state: Path) -> CLI:
+    """Run `eagle3-console --workdir W local ARGS...` as a real process."""
+
+    def run(*args: str, timeout: float = 60, input: bytes | None = None) -> subprocess.CompletedProcess[bytes]:
+        return subprocess.run(
+            [sys.executable, "-m", "console", "--workdir", str(workdir), "local", *args],
+            capture_output=True,
+            timeout=timeout,
+            input=input,
+            check=False,
+        )
+
+    return run
+
+
+@pytest.fixture
+async def client(workdir: Path, nvml_state: Path) -> AsyncIterator[AgentClient]:
+    agent = AgentClient(LocalTransport(workdir))
+    await agent.start()
+    try:
+        yield agent
+    finally:
+        await agent.close()
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float = 20.0, what: str = "condition") -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def run_state(workdir: Path, run_id: str) -> str:
+    from backends.runstore import RunStore
+
+    return RunStore(workdir).get(run_id).state()
+
+
+@pytest.fixture
+def reaper() -> Iterator[list[int]]:
+    """pids to SIGKILL after the test, whatever happened."""
+    pids: list[int] = []
+    yield pids
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, 9)

@@ -1,0 +1,342 @@
+"""The command line as a user runs it: real agent, real supervisor, real child processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+from backends.runstore import RunStore
+from tests.conftest import CLI, wait_for
+
+
+def launch(cli: CLI, *args: str) -> str:
+    result = cli("launch", *args)
+    assert result.returncode == 0, result.stderr
+    return result.stdout.decode().strip()
+
+
+def status(cli: CLI) -> dict:  # type: ignore[type-arg]
+    result = cli("status", "--json")
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)  # type: ignore[no-any-return]
+
+
+def run_info(cli: CLI, run_id: str) -> dict:  # type: ignore[type-arg]
+    return next(r for r in status(cli)["runs"] if r["id"] == run_id)
+
+
+def wait_state(cli: CLI, run_id: str, states: set[str], timeout: float = 20) -> dict:  # type: ignore[type-arg]
+    return wait_for(lambda: (info := run_info(cli, run_id))["state"] in states and info, timeout, f"state {states}")  # type: ignore[no-any-return]
+
+
+PRINTER = (
+    "import sys, time, json, os\n"
+    "out = sys.stdout.buffer\n"
+    "out.write(b'start\\n'); out.write(b'progress 10%\\rprogress 100%\\n')\n"
+    "out.write(b'bad utf8: \\xff\\xfe\\n')\n"
+    "out.write(b'x' * (10 * 1024 * 1024) + b'\\n')\n"
+    "sys.stderr.write('to stderr\\n')\n"
+    "with open(os.environ['EAGLE3_METRICS_FILE'], 'a') as m:\n"
+    "    m.write(json.dumps({'step': 1, 'loss': 5.4}) + '\\n')\n"
+    "    m.write('garbage{\\n')\n"
+    "    m.write(json.dumps({'step': 2, 'loss': 4.9}) + '\\n')\n"
+    '    m.write(\'{"step": 3, "lo\')\n'
+    "out.flush(); sys.exit(3)\n"
+)
+
+
+def test_launch_logs_metrics_status_round_trip(cli: CLI, workdir: Path) -> None:
+    run_id = launch(cli, "command", "--name", "printer", "--", sys.executable, "-c", PRINTER)
+    info = wait_state(cli, run_id, {"failed"})
+    assert info["exit_code"] == 3
+    assert info["name"] == "printer" and info["kind"] == "command"
+    assert info["argv"][0] == sys.executable
+    for field in ("phase", "health", "stalled_since", "stack_dumps"):
+        assert info[field] is None
+
+    logs = cli("logs", "printer")
+    assert logs.returncode == 0
+    on_disk = (workdir / "runs" / run_id / "output.log").read_bytes()
+    assert logs.stdout == on_disk
+    assert b"progress 10%\rprogress 100%\n" in on_disk
+    assert b"bad utf8: \xff\xfe\n" in on_disk
+    assert b"x" * (10 * 1024 * 1024) + b"\n" in on_disk
+    assert b"to stderr\n" in on_disk
+
+    tail = cli("logs", run_id, "--tail", "2")
+    assert tail.stdout == b"x" * (10 * 1024 * 1024) + b"\nto stderr\n"
+
+    metrics = cli("metrics", run_id, "--json")
+    assert metrics.returncode == 0
+    rows = [json.loads(line) for line in metrics.stdout.splitlines()]
+    assert rows == [{"step": 1, "loss": 5.4}, {"step": 2, "loss": 4.9}]
+    assert b"skipped 1 malformed" in metrics.stderr
+
+    table = cli("metrics", run_id)
+    assert b"step" in table.stdout and b"4.9" in table.stdout
+
+
+def test_status_table_and_json_shape(cli: CLI) -> None:
+    run_id = launch(cli, "train", "--", sys.executable, "-c", "print('hi')")
+    wait_state(cli, run_id, {"exited"})
+    data = status(cli)
+    assert set(data) >= {"host", "gpu_source", "runs", "gpus"}
+    assert data["gpu_source"] == "nvml"
+    gpu = data["gpus"][0]
+    assert set(gpu) == {"index", "name", "util", "mem_used_mib", "mem_total_mib", "temp_c", "power_w", "processes"}
+    run = data["runs"][0]
+    for key in (
+        "id",
+        "name",
+        "kind",
+        "state",
+        "phase",
+        "pid",
+        "argv",
+        "started_at",
+        "ended_at",
+        "exit_code",
+        "parent",
+        "health",
+        "stalled_since",
+        "stack_dumps",
+    ):
+        assert key in run
+    text = cli("status").stdout.decode()
+    assert run_id in text and "exited" in text and "NVIDIA H200" in text
+
+
+def test_missing_program_fails_with_os_error(cli: CLI, workdir: Path) -> None:
+    result = cli("launch", "command", "--", "/nonexistent/program", "--flag")
+    assert result.returncode == 1
+    run_id = result.stdout.decode().strip()
+    assert b"No such file or directory" in result.stderr and len(result.stderr.splitlines()) == 1
+    assert run_info(cli, run_id)["state"] == "failed"
+    events = (workdir / "runs" / run_id / "events.jsonl").read_text()
+    assert "No such file or directory" in events
+
+
+def test_argv_never_goes_through_a_shell(cli: CLI, tmp_path: Path) -> None:
+    marker = tmp_path / "pwned"
+    run_id = launch(cli, "command", "--", "echo", f"$(touch {marker})", ";", "touch", str(marker))
+    wait_state(cli, run_id, {"exited"})
+    assert not marker.exists()
+    assert cli("logs", run_id).stdout == f"$(touch {marker}) ; touch {marker}\n".encode()
+
+
+def test_secrets_are_masked_in_status_and_events_but_reach_the_run(cli: CLI, workdir: Path) -> None:
+    run_id = launch(
+        cli,
+        "command",
+        "--env",
+        "HF_TOKEN=hf_supersecret",
+        "--env",
+        "PLAIN=visible",
+        "--",
+        sys.executable,
+        "-c",
+        "import os; print(os.environ['HF_TOKEN'])",
+        "--api-key",
+        "sk-secret2",
+    )
+    wait_state(cli, run_id, {"exited"})
+    info = run_info(cli, run_id)
+    assert info["env"] == {"HF_TOKEN": "***", "PLAIN": "visible"}
+    assert "sk-secret2" not in json.dumps(info) and "--api-key" in info["argv"]
+    assert "hf_supersecret" not in cli("status").stdout.decode()
+    events = (workdir / "runs" / run_id / "events.jsonl").read_text()
+    assert "hf_supersecret" not in events and "sk-secret2" not in events
+    assert cli("logs", run_id).stdout == b"hf_supersecret\n"
+
+
+def test_unknown_run_is_a_one_line_failure(cli: CLI) -> None:
+    for command in (["logs", "nope"], ["kill", "nope"], ["metrics", "nope"], ["relaunch", "nope"]):
+        result = cli(*command)
+        assert result.returncode == 1, command
+        assert result.stderr.decode().count("\n") == 1 and "no run 'nope'" in result.stderr.decode()
+
+
+def test_usage_errors_exit_2_with_one_line(cli: CLI) -> None:
+    cases = [
+        ["launch", "command"],  # no argv after --
+        ["launch", "bogus-kind", "--", "true"],
+        ["launch", "command", "--gpus", "a,b", "--", "true"],
+        ["kill", "x", "--signal", "HUP"],
+        ["status", "--", "true"],
+        [],
+    ]
+    for args in cases:
+        result = cli(*args)
+        assert result.returncode == 2, (args, result.stderr)
+        assert result.stderr.decode().count("\n") == 1, result.stderr
+        assert b"Traceback" not in result.stderr
+
+
+def test_unknown_host_is_usage_error(workdir: Path) -> None:
+    import subprocess
+
+    result = subprocess.run([sys.executable, "-m", "console", "gpu-box", "status"], capture_output=True, check=False)
+    assert result.returncode == 2 and b"unknown HOST" in result.stderr
+
+
+def test_corrupt_or_missing_spec_is_reported_not_fatal(cli: CLI, workdir: Path) -> None:
+    good = launch(cli, "command", "--", "true")
+    runs = workdir / "runs"
+    (runs / "20200101-000000-000-aaaa").mkdir()
+    (runs / "20200101-000000-000-aaaa" / "spec.json").write_text("{not json")
+    (runs / "20200101-000000-001-bbbb").mkdir()
+    data = status(cli)
+    assert [r["id"] for r in data["runs"]] == [good]
+    problems = {p["run"]: p["error"] for p in data["problems"]}
+    assert set(problems) == {"20200101-000000-000-aaaa", "20200101-000000-001-bbbb"}
+    assert all("spec.json is missing or corrupt" in e for e in problems.values())
+    text = cli("status")
+    assert text.returncode == 0 and b"unreadable run 20200101-000000-000-aaaa" in text.stdout
+    result = cli("relaunch", "20200101-000000-000-aaaa")
+    assert result.returncode == 1 and b"spec.json is missing or corrupt" in result.stderr
+
+
+def test_kill_stops_the_whole_process_group(cli: CLI) -> None:
+    script = (
+        "import subprocess, sys, time\n"
+        "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)'])\n"
+        "print('up', flush=True); time.sleep(300)\n"
+    )
+    run_id = launch(cli, "command", "--", sys.executable, "-c", script)
+    wait_for(lambda: cli("logs", run_id).stdout == b"up\n", what="child up")
+    result = cli("kill", run_id, "--json")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert len(report["processes"]) == 2 and all(p["died"] for p in report["processes"])
+    assert all(p["signals"] == ["TERM"] for p in report["processes"])
+    assert report["state"] == "killed" and not report["escalated"]
+    for p in report["processes"]:
+        assert not Path(f"/proc/{p['pid']}").exists() or "Z" in Path(f"/proc/{p['pid']}/stat").read_text().split()[2]
+
+
+def test_kill_escalates_to_sigkill_after_grace(cli: CLI, workdir: Path) -> None:
+    script = (
+        "import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+        "print('ready', flush=True)\ntime.sleep(300)\n"
+    )
+    run_id = launch(cli, "command", "--", sys.executable, "-c", script)
+    wait_for(lambda: cli("logs", run_id).stdout == b"ready\n", what="child ready")
+    result = cli("kill", run_id, "--grace", "0.5", "--json")
+    report = json.loads(result.stdout)
+    assert report["escalated"] and report["processes"][0]["signals"] == ["TERM", "KILL"]
+    assert report["processes"][0]["died"]
+    info = run_info(cli, run_id)
+    assert info["state"] == "killed" and info["signal"] == "KILL"
+    events = [json.loads(line) for line in (workdir / "runs" / run_id / "events.jsonl").read_text().splitlines()]
+    assert [e["signal"] for e in events if e["type"] == "signal"] == ["TERM", "KILL"]
+
+
+def test_kill_of_an_ended_run_says_so(cli: CLI) -> None:
+    run_id = launch(cli, "command", "--", "true")
+    wait_state(cli, run_id, {"exited"})
+    result = cli("kill", run_id)
+    assert result.returncode == 1 and b"nothing to kill" in result.stderr
+
+
+def test_recycled_pid_is_never_signalled(cli: CLI, workdir: Path, reaper: list[int]) -> None:
+    """The recorded child is gone and its pid now names another process of ours."""
+    import subprocess
+
+    run_id = launch(cli, "command", "--", "true")
+    wait_state(cli, run_id, {"exited"})
+    bystander = subprocess.Popen(["sleep", "60"])
+    reaper.append(bystander.pid)
+    run_dir = RunStore(workdir).get(run_id)
+    proc = json.loads(run_dir.file("proc.json").read_text())
+    proc["child"]["pid"] = bystander.pid  # same pid, start time of the old process
+    run_dir.file("proc.json").write_text(json.dumps(proc))
+    result = cli("kill", run_id, "--signal", "KILL")
+    assert result.returncode == 1 and b"nothing to kill" in result.stderr
+    assert bystander.poll() is None
+    assert os.path.exists(f"/proc/{bystander.pid}")
+
+
+def test_relaunch_sets_and_unsets_flags_and_links_parent(cli: CLI) -> None:
+    script = "import sys, time; print(' '.join(sys.argv[1:]), flush=True); time.sleep(300)"
+    parent = launch(
+        cli, "serve", "--name", "srv", "--", sys.executable, "-c", script, "--cuda-graph-max-bs", "8", "--tp-size", "2"
+    )
+    wait_for(lambda: cli("logs", parent).stdout, what="parent output")
+    result = cli(
+        "relaunch",
+        "srv",
+        "--set",
+        "--disable-cuda-graph",
+        "--set",
+        "--tp-size=1",
+        "--unset",
+        "--cuda-graph-max-bs",
+        "--grace",
+        "2",
+        "--json",
+    )
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    child = report["run"]
+    assert report["parent"] == parent
+    assert report["stopped_parent"]["state"] == "killed"
+    assert run_info(cli, child)["parent"] == parent
+    wait_for(lambda: cli("logs", child).stdout, what="child output")
+    assert cli("logs", child).stdout == b"--tp-size 1 --disable-cuda-graph\n"
+    assert run_info(cli, child)["name"] == "srv"
+    cli("kill", child, "--grace", "1")
+
+
+def test_logs_follow_streams_until_the_run_ends(cli: CLI) -> None:
+    script = "import time\nfor i in range(5):\n    print(f'line {i}', flush=True)\n    time.sleep(0.2)\n"
+    run_id = launch(cli, "command", "--", sys.executable, "-c", script)
+    result = cli("logs", run_id, "--follow", timeout=30)
+    assert result.returncode == 0
+    assert result.stdout == b"".join(f"line {i}\n".encode() for i in range(5))
+
+
+def test_free_gpus_dry_run_then_for_real(cli: CLI, nvml_state: Path, reaper: list[int]) -> None:
+    import subprocess
+
+    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    reaper.append(holder.pid)
+    state = json.loads(nvml_state.read_text())
+    state["gpus"][0]["processes"] = [{"pid": holder.pid, "mem_mib": 4600}, {"pid": 1, "mem_mib": 100}]
+    nvml_state.write_text(json.dumps(state))
+
+    plan = cli("free-gpus", "--dry-run")
+    assert plan.returncode == 0
+    text = plan.stdout.decode()
+    assert f"pid {holder.pid}" in text and "kill" in text and "dry run" in text
+    assert "pid 1 " in text and "skip" in text
+    assert holder.poll() is None
+
+    refused = cli("free-gpus")  # no tty, no --yes
+    assert refused.returncode == 2 and b"--yes" in refused.stderr
+    assert holder.poll() is None
+
+    done = cli("free-gpus", "--yes", "--json")
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)["gpus"][0]
+    assert report["freed_mib"] == 4600
+    assert [p["pid"] for p in report["still_held"]] == [1]
+    holder.wait(timeout=5)
+
+
+def test_gpu_processes_are_attributed_to_their_run(cli: CLI, nvml_state: Path) -> None:
+    script = (
+        "import subprocess, sys\n"
+        "p = subprocess.Popen([sys.executable, '-c', 'import time; print(1, flush=True); time.sleep(300)'])\n"
+        "print(p.pid, flush=True); p.wait()\n"
+    )
+    run_id = launch(cli, "train", "--gpus", "0", "--", sys.executable, "-c", script)
+    grandchild = int(wait_for(lambda: cli("logs", run_id).stdout.split(b"\n")[0], what="pid"))
+    state = json.loads(nvml_state.read_text())
+    state["gpus"][0]["processes"] = [{"pid": grandchild, "mem_mib": 2048}]
+    nvml_state.write_text(json.dumps(state))
+    gpu = status(cli)["gpus"][0]
+    assert gpu["processes"][0]["run_id"] == run_id
+    assert gpu["mem_used_mib"] == 2048
+    cli("kill", run_id, "--grace", "1")

@@ -1,0 +1,234 @@
+"""/proc parsing and the one safe way to signal: these decide whether `kill` hits
+the right process, so they are tested against real processes."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import shutil
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from backends import procinfo
+from backends.procinfo import ProcIdentity
+
+Spawn = Callable[..., "subprocess.Popen[bytes]"]
+
+
+@pytest.fixture
+def spawn() -> Iterator[Spawn]:
+    """Start processes that are always killed (with their whole group, if they lead one) at teardown."""
+    procs: list[subprocess.Popen[bytes]] = []
+
+    def _spawn(argv: list[str], **kwargs: Any) -> subprocess.Popen[bytes]:
+        proc: subprocess.Popen[bytes] = subprocess.Popen(argv, **kwargs)
+        procs.append(proc)
+        return proc
+
+    yield _spawn
+    for proc in procs:
+        if proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                if os.getpgid(proc.pid) == proc.pid:
+                    os.killpg(proc.pid, signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+        proc.wait(timeout=10)
+        if proc.stdout is not None:
+            proc.stdout.close()
+
+
+def wait_for(predicate: Callable[[], bool], timeout: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.005)
+    return predicate()
+
+
+def identity(pid: int) -> ProcIdentity:
+    ident = procinfo.identify(pid)
+    assert ident is not None, f"process {pid} should be alive"
+    return ident
+
+
+# --- read_stat ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["we ird) name", "x) Z 1 2 3"])
+def test_read_stat_parses_a_name_with_spaces_and_parens(tmp_path: Path, spawn: Spawn, name: str) -> None:
+    exe = tmp_path / name
+    shutil.copy("/bin/sleep", exe)
+    proc = spawn([str(exe), "30"])
+    raw = (Path("/proc") / str(proc.pid) / "stat").read_bytes()
+    assert f"({name})".encode() in raw, "the test must exercise a command name with ') '"
+    stat = procinfo.read_stat(proc.pid)
+    assert stat is not None
+    assert stat.pid == proc.pid
+    # A parser that split at the first ')' would read "Z", 1, 2 here.
+    assert stat.state in ("S", "R")
+    assert stat.ppid == os.getpid()
+    assert stat.pgid == os.getpgrp()
+    assert stat.start_ticks > 0
+    assert stat.start_ticks >= identity(os.getpid()).start_ticks
+
+
+def test_read_stat_of_a_missing_process_is_none() -> None:
+    assert procinfo.read_stat(2**22 + 12345) is None  # above the kernel's pid_max
+    assert procinfo.identify(2**22 + 12345) is None
+
+
+def test_read_stat_of_ourselves() -> None:
+    stat = procinfo.read_stat(os.getpid())
+    assert stat is not None
+    assert (stat.ppid, stat.pgid, stat.state) == (os.getppid(), os.getpgrp(), "R")
+
+
+# --- identity, zombies, pid reuse ---------------------------------------------------------------
+
+
+def test_identify_a_zombie_is_none(spawn: Spawn) -> None:
+    proc = spawn(["sleep", "0.05"])
+    ident = identity(proc.pid)
+    assert procinfo.is_alive(ident)
+    # Do not wait(): the exited child stays a zombie until we reap it.
+    assert wait_for(lambda: (s := procinfo.read_stat(proc.pid)) is not None and s.state == "Z")
+    assert procinfo.identify(proc.pid) is None
+    assert not procinfo.is_alive(ident)
+    assert proc.pid not in procinfo.descendants(os.getpid())
+    assert proc.wait(timeout=5) == 0
+    assert procinfo.read_stat(proc.pid) is None
+
+
+def test_is_alive_needs_the_same_start_time_and_boot(spawn: Spawn) -> None:
+    proc = spawn(["sleep", "30"])
+    ident = identity(proc.pid)
+    assert ident.boot_id == procinfo.boot_id() != "unknown"
+    assert procinfo.is_alive(ident)
+    assert not procinfo.is_alive(dataclasses.replace(ident, start_ticks=ident.start_ticks + 1))
+    assert not procinfo.is_alive(dataclasses.replace(ident, start_ticks=ident.start_ticks - 1))
+    assert not procinfo.is_alive(dataclasses.replace(ident, boot_id="00000000-0000-0000-0000-000000000000"))
+
+
+def test_identity_json_round_trip_and_garbage(spawn: Spawn) -> None:
+    proc = spawn(["sleep", "30"])
+    ident = identity(proc.pid)
+    assert ProcIdentity.from_json(ident.to_json()) == ident
+    for bad in (None, [], "x", {}, {"pid": 1}, {"pid": "abc", "start_ticks": 1, "boot_id": "b"}):
+        assert ProcIdentity.from_json(bad) is None
+
+
+def test_a_killed_process_is_not_alive(spawn: Spawn) -> None:
+    proc = spawn(["sleep", "30"])
+    ident = identity(proc.pid)
+    proc.kill()
+    proc.wait(timeout=5)
+    assert not procinfo.is_alive(ident)
+    assert procinfo.refusal(ident) is not None
+
+
+# --- protection and refusal ---------------------------------------------------------------------
+
+
+def test_protected_pids() -> None:
+    protected = procinfo.protected_pids()
+    assert {1, os.getpid(), os.getppid()} <= protected
+    assert set(procinfo.ancestors(os.getpid())) <= protected
+
+
+def test_ancestors_of_a_child_start_with_us(spawn: Spawn) -> None:
+    proc = spawn(["sleep", "30"])
+    chain = procinfo.ancestors(proc.pid)
+    assert chain[:2] == [os.getpid(), os.getppid()]
+    assert proc.pid not in chain
+
+
+def test_refusal_for_pid_1() -> None:
+    init = identity(1)
+    reason = procinfo.refusal(init)
+    assert reason is not None and "protected" in reason
+
+
+def test_refusal_for_ourselves_and_our_parent() -> None:
+    for pid in (os.getpid(), os.getppid()):
+        reason = procinfo.refusal(identity(pid))
+        assert reason is not None and "protected" in reason
+
+
+def test_refusal_for_a_wrong_start_time(spawn: Spawn) -> None:
+    proc = spawn(["sleep", "30"])
+    ident = identity(proc.pid)
+    assert procinfo.refusal(ident) is None
+    reason = procinfo.refusal(dataclasses.replace(ident, start_ticks=ident.start_ticks + 7))
+    assert reason is not None and "start time" in reason
+
+
+def test_signal_if_ours_never_signals_protected_processes(monkeypatch: pytest.MonkeyPatch) -> None:
+    sent: list[tuple[int, int]] = []
+    # Record instead of signalling: if the guard were broken, a real signal would hit pid 1 or pytest.
+    monkeypatch.setattr(procinfo.os, "kill", lambda pid, sig: sent.append((pid, sig)))
+    for pid in (1, os.getpid(), os.getppid()):
+        reason = procinfo.signal_if_ours(identity(pid), signal.SIGKILL)
+        assert reason is not None and "protected" in reason
+    assert sent == []
+
+
+def test_signal_if_ours_delivers_sigterm_to_our_child(spawn: Spawn) -> None:
+    proc = spawn(["sleep", "30"])
+    ident = identity(proc.pid)
+    assert procinfo.signal_if_ours(ident, signal.SIGTERM) is None
+    assert proc.wait(timeout=5) == -signal.SIGTERM
+    assert not procinfo.is_alive(ident)
+    # A second attempt is refused, not sent to whoever gets the pid next.
+    assert procinfo.signal_if_ours(ident, signal.SIGTERM) is not None
+
+
+def test_signal_if_ours_refuses_a_mismatched_identity(spawn: Spawn) -> None:
+    proc = spawn(["sleep", "30"])
+    ident = identity(proc.pid)
+    stale = dataclasses.replace(ident, start_ticks=ident.start_ticks - 1)
+    reason = procinfo.signal_if_ours(stale, signal.SIGTERM)
+    assert reason is not None and "start time" in reason
+    time.sleep(0.1)
+    assert proc.poll() is None, "the process behind a reused pid must keep living"
+    assert procinfo.is_alive(ident)
+
+
+# --- process trees and groups -------------------------------------------------------------------
+
+
+def _shell_with_grandchild(spawn: Spawn) -> tuple[subprocess.Popen[bytes], int]:
+    proc = spawn(["sh", "-c", "sleep 30 & echo $!; wait"], stdout=subprocess.PIPE, start_new_session=True)
+    assert proc.stdout is not None
+    grandchild = int(proc.stdout.readline())
+    return proc, grandchild
+
+
+def test_descendants_finds_a_grandchild(spawn: Spawn) -> None:
+    proc, grandchild = _shell_with_grandchild(spawn)
+    assert wait_for(lambda: (s := procinfo.read_stat(grandchild)) is not None and s.ppid == proc.pid)
+    mine = procinfo.descendants(os.getpid())
+    assert proc.pid in mine and grandchild in mine
+    assert procinfo.descendants(proc.pid) == [grandchild]
+    assert procinfo.descendants(grandchild) == []
+    assert os.getpid() not in mine
+
+
+def test_group_members_finds_a_new_session(spawn: Spawn) -> None:
+    proc, grandchild = _shell_with_grandchild(spawn)
+    assert wait_for(lambda: procinfo.identify(grandchild) is not None)
+    leader = procinfo.read_stat(proc.pid)
+    assert leader is not None and leader.pgid == proc.pid
+    assert sorted(procinfo.group_members(proc.pid)) == sorted([proc.pid, grandchild])
+    assert proc.pid not in procinfo.group_members(os.getpgrp())
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=5)
+    assert wait_for(lambda: procinfo.group_members(proc.pid) == [])

@@ -1,0 +1,1 @@
+"""Console themes (filled by the TUI issue)."""
