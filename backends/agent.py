@@ -53,6 +53,8 @@ STREAM_FILES = {"log": OUTPUT, "metrics": METRICS, "events": EVENTS}
 # Poll fast while data flows, back off when idle (idle CPU vs. streaming lag).
 POLL_MIN_S = 0.02
 POLL_MAX_S = 0.2
+# A quiet run's state (process liveness) is re-derived at most this often.
+STATE_CHECK_S = 1.0
 CHUNK_BYTES = 1024 * 1024
 
 
@@ -109,6 +111,7 @@ class Subscription:
     gpu_interval: float | None
     next_gpu_at: float = 0.0
     last_state: str | None = None
+    next_state_at: float = 0.0
     ended: bool = False
     idle_sleep: float = POLL_MIN_S
     wake_at: float = 0.0
@@ -148,14 +151,15 @@ class Agent:
     async def serve(self, reader: asyncio.StreamReader) -> None:
         while True:
             try:
-                line = await reader.readline()
-            except ValueError:
-                # Over the line limit: drop the rest of that line and say so.
-                await self._discard_line(reader)
+                line = await reader.readuntil(b"\n")
+            except asyncio.IncompleteReadError as exc:
+                line = exc.partial  # the last line, without its newline, at EOF
+                if not line:
+                    break
+            except asyncio.LimitOverrunError as exc:
+                await self._discard_line(reader, exc.consumed)
                 await self.send(protocol.error_reply(None, "too_long", f"request over {MAX_LINE_BYTES} bytes"))
                 continue
-            if not line:
-                break
             if not line.strip():
                 continue
             task = asyncio.create_task(self.handle_line(line))
@@ -163,16 +167,18 @@ class Agent:
             task.add_done_callback(self._tasks.discard)
         if self._poller is not None:
             self._poller.cancel()
-        for task in list(self._tasks):
-            task.cancel()
+        # Requests already sent (a kill, a launch) still run to completion.
+        await asyncio.gather(*self._tasks, return_exceptions=True)
 
-    async def _discard_line(self, reader: asyncio.StreamReader) -> None:
+    async def _discard_line(self, reader: asyncio.StreamReader, consumed: int) -> None:
+        """Drop the rest of an oversized line, up to and including its newline."""
         while True:
+            await reader.readexactly(consumed)
             try:
                 await reader.readuntil(b"\n")
                 return
             except asyncio.LimitOverrunError as exc:
-                await reader.readexactly(exc.consumed)
+                consumed = exc.consumed
             except asyncio.IncompleteReadError:
                 return
 
@@ -323,6 +329,9 @@ class Agent:
             return moved
         for stream, name in STREAM_FILES.items():
             moved |= await self.pump(sub, stream, sub.run.file(name))
+        if not moved and now < sub.next_state_at:
+            return False
+        sub.next_state_at = now + STATE_CHECK_S
         state = sub.run.state()
         if state != sub.last_state:
             sub.last_state = state

@@ -7,6 +7,7 @@ Linux only: GPU hosts run Linux, and /proc needs no third-party package.
 
 from __future__ import annotations
 
+import functools
 import os
 import pwd
 import signal
@@ -46,6 +47,7 @@ class ProcStat:
     start_ticks: int
 
 
+@functools.cache
 def boot_id() -> str:
     try:
         return (PROC / "sys/kernel/random/boot_id").read_text().strip()

@@ -87,8 +87,8 @@ def test_our_process_is_killed_its_memory_freed_and_it_is_reaped(
     trainer = spawn()
     write_state(state, [gpu(base_used_mib=500, processes=[(trainer.pid, 4600)])])
     started = time.monotonic()
-    result = free_gpus(sampler, [0], dry_run=False, timeout=10, grace=5)
-    assert time.monotonic() - started < 3  # SIGTERM sufficed: no waiting out the grace period
+    result = free_gpus(sampler, [0], dry_run=False, timeout=60, grace=30)
+    assert time.monotonic() - started < 10  # SIGTERM sufficed: no waiting out the grace period
     (report,) = result["gpus"]
     assert [(p["pid"], p["action"]) for p in report["processes"]] == [(trainer.pid, "killed")]
     assert (report["mem_used_before_mib"], report["mem_used_after_mib"], report["freed_mib"]) == (5100, 500, 4600)
@@ -105,9 +105,9 @@ def test_a_process_ignoring_sigterm_is_sigkilled_after_grace(state: Path, sample
     assert stubborn.stdout.readline() == b"ready\n"
     write_state(state, [gpu(processes=[(stubborn.pid, 8000)])])
     started = time.monotonic()
-    result = free_gpus(sampler, None, dry_run=False, timeout=5, grace=0.5)
+    result = free_gpus(sampler, None, dry_run=False, timeout=60, grace=0.5)
     elapsed = time.monotonic() - started
-    assert 0.5 <= elapsed < 3
+    assert 0.5 <= elapsed < 10  # ended by SIGKILL, not by the timeout
     (report,) = result["gpus"]
     assert [p["action"] for p in report["processes"]] == ["killed"]
     assert report["freed_mib"] == 8000

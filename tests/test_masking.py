@@ -141,7 +141,7 @@ argvs = st.lists(flag_words | st.text(max_size=12), max_size=12)
 def test_mask_argv_only_ever_replaces_values(argv: list[str]) -> None:
     masked = mask_argv(argv)
     assert len(masked) == len(argv)
-    for before, after in zip(argv, masked):
+    for before, after in zip(argv, masked, strict=True):
         if after == before:
             continue
         # Either a whole value was replaced, or the value part of --flag=value.

@@ -96,7 +96,7 @@ def test_read_stat_of_ourselves() -> None:
 
 
 def test_identify_a_zombie_is_none(spawn: Spawn) -> None:
-    proc = spawn(["sleep", "0.05"])
+    proc = spawn(["sleep", "0.2"])
     ident = identity(proc.pid)
     assert procinfo.is_alive(ident)
     # Do not wait(): the exited child stays a zombie until we reap it.
@@ -122,7 +122,8 @@ def test_identity_json_round_trip_and_garbage(spawn: Spawn) -> None:
     proc = spawn(["sleep", "30"])
     ident = identity(proc.pid)
     assert ProcIdentity.from_json(ident.to_json()) == ident
-    for bad in (None, [], "x", {}, {"pid": 1}, {"pid": "abc", "start_ticks": 1, "boot_id": "b"}):
+    garbage: list[object] = [None, [], "x", {}, {"pid": 1}, {"pid": "abc", "start_ticks": 1, "boot_id": "b"}]
+    for bad in garbage:
         assert ProcIdentity.from_json(bad) is None
 
 
@@ -174,7 +175,7 @@ def test_refusal_for_a_wrong_start_time(spawn: Spawn) -> None:
 def test_signal_if_ours_never_signals_protected_processes(monkeypatch: pytest.MonkeyPatch) -> None:
     sent: list[tuple[int, int]] = []
     # Record instead of signalling: if the guard were broken, a real signal would hit pid 1 or pytest.
-    monkeypatch.setattr(procinfo.os, "kill", lambda pid, sig: sent.append((pid, sig)))
+    monkeypatch.setattr(os, "kill", lambda pid, sig: sent.append((pid, sig)))
     for pid in (1, os.getpid(), os.getppid()):
         reason = procinfo.signal_if_ours(identity(pid), signal.SIGKILL)
         assert reason is not None and "protected" in reason

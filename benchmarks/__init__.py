@@ -1,0 +1,1 @@
+"""Benchmarks, run by hand: `python -m benchmarks.NAME`; each prints a table."""

@@ -1,0 +1,212 @@
+"""The agent over its real stdio protocol: bad requests, faults, and streams that resume."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import os
+import signal
+import sys
+from pathlib import Path
+
+import pytest
+
+from backends import protocol
+from backends.runstore import RunStore
+from console.client import AgentClient, AgentError
+from console.transport import LocalTransport
+from tests.conftest import run_state, wait_for
+
+
+async def raw_exchange(workdir: Path, lines: list[bytes]) -> list[dict]:  # type: ignore[type-arg]
+    """Send raw lines to a fresh agent and collect one reply per line."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "backends.agent",
+        "--workdir",
+        str(workdir),
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    assert proc.stdin is not None and proc.stdout is not None
+    replies = []
+    for line in lines:
+        proc.stdin.write(line)
+        await proc.stdin.drain()
+        replies.append(json.loads(await asyncio.wait_for(proc.stdout.readline(), 10)))
+    proc.stdin.close()
+    assert await asyncio.wait_for(proc.wait(), 10) == 0
+    return replies
+
+
+async def test_malformed_requests_get_error_replies_and_the_agent_keeps_serving(workdir: Path) -> None:
+    lines = [
+        b"not json\n",
+        b"\xff\xfe\n",
+        b"[1, 2]\n",
+        b'{"v": 1, "op": "status"}\n',
+        b'{"v": 99, "id": 5, "op": "status"}\n',
+        b'{"v": 1, "id": 6, "op": "explode"}\n',
+        b'{"v": 1, "id": 7, "op": "kill", "args": {}}\n',
+        b'{"v": 1, "id": 8, "op": "launch", "args": {"kind": "command", "argv": "rm -rf /"}}\n',
+        b'{"v": 1, "id": 9, "op": "launch", "args": {"kind": "command", "argv": []}}\n',
+        b'{"v": 1, "id": 10, "op": "launch", "args": {"kind": "command", "argv": [1, 2]}}\n',
+        b'{"v": 1, "id": 11, "op": "subscribe", "args": {"offsets": {"bogus": 1}}}\n',
+        b'{"v": 1, "id": 12, "op": "free_gpus", "args": {"gpus": ["0"]}}\n',
+        b'{"v": 1, "id": 13, "op": "status", "args": {"gpus": false}}\n',
+    ]
+    replies = await raw_exchange(workdir, lines)
+    assert [r["ok"] for r in replies] == [False] * 12 + [True]
+    codes = [r["error"]["code"] for r in replies[:12]]
+    assert codes == [
+        "bad_json",
+        "bad_json",
+        "bad_request",
+        "bad_request",
+        "bad_version",
+        "unknown_op",
+        "bad_args",
+        "bad_args",
+        "bad_args",
+        "bad_args",
+        "bad_args",
+        "bad_args",
+    ]
+    assert [r["id"] for r in replies[4:]] == list(range(5, 14))
+    assert replies[-1]["result"]["runs"] == []
+
+
+async def test_oversized_request_is_refused_not_fatal(workdir: Path) -> None:
+    huge = b'{"v": 1, "id": 1, "op": "status", "pad": "' + b"x" * (protocol.MAX_LINE_BYTES + 10) + b'"}\n'
+    replies = await raw_exchange(workdir, [huge, protocol.request_line(2, "hello", {})])
+    assert replies[0]["error"]["code"] == "too_long"
+    assert replies[1]["ok"] and replies[1]["id"] == 2
+
+
+async def test_unwritable_store_fails_launch_clearly_and_keeps_serving(client: AgentClient, workdir: Path) -> None:
+    workdir.mkdir(parents=True)
+    good = await client.request("launch", kind="command", argv=["true"])
+    wait_for(lambda: run_state(workdir, good["run"]) == "exited", what="first run done")
+    (workdir / "runs").rename(workdir / "runs.keep")
+    (workdir / "runs").write_text("not a folder")  # blocks the store even for root
+    with pytest.raises(AgentError) as err:
+        await client.request("launch", kind="command", argv=["true"])
+    assert err.value.code == "store"
+    assert "cannot write the run store" in err.value.message and "--workdir" in err.value.message
+    status = await client.request("status")
+    assert status["runs"] == []
+    (workdir / "runs").unlink()
+    (workdir / "runs.keep").rename(workdir / "runs")
+    status = await client.request("status")
+    assert [r["id"] for r in status["runs"]] == [good["run"]]
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root ignores permission bits; the blocked-path test covers root")
+async def test_read_only_workdir_fails_launch(client: AgentClient, workdir: Path) -> None:
+    workdir.mkdir(parents=True)
+    workdir.chmod(0o500)
+    try:
+        with pytest.raises(AgentError) as err:
+            await client.request("launch", kind="command", argv=["true"])
+        assert "Permission denied" in err.value.message
+        assert (await client.request("hello"))["version"] == protocol.PROTOCOL_VERSION
+    finally:
+        workdir.chmod(0o700)
+
+
+async def test_run_survives_agent_kill_9_and_a_new_agent_sees_it(workdir: Path, nvml_state: Path) -> None:
+    first = AgentClient(LocalTransport(workdir))
+    hello = await first.start()
+    script = "import time, sys\nprint('up', flush=True)\nsys.stdin = None\ntime.sleep(1.5)\nsys.exit(7)\n"
+    launched = await first.request("launch", kind="command", argv=[sys.executable, "-c", script])
+    os.kill(hello["pid"], signal.SIGKILL)
+    await first.close()
+    second = AgentClient(LocalTransport(workdir))
+    await second.start()
+    try:
+        runs = (await second.request("status"))["runs"]
+        assert runs[0]["state"] == "running"
+        for _ in range(100):
+            run = (await second.request("status"))["runs"][0]
+            if run["state"] != "running":
+                break
+            await asyncio.sleep(0.1)
+        assert run["state"] == "failed" and run["exit_code"] == 7
+        assert run["id"] == launched["run"]
+    finally:
+        await second.close()
+
+
+async def test_supervisor_kill_9_leaves_the_run_going_then_lost(client: AgentClient, workdir: Path) -> None:
+    marker = workdir.parent / "finished"
+    script = f"import time, pathlib\ntime.sleep(1.5)\npathlib.Path({str(marker)!r}).write_text('ok')\n"
+    launched = await client.request("launch", kind="command", argv=[sys.executable, "-c", script])
+    run = RunStore(workdir).get(launched["run"])
+    supervisor = run.supervisor()
+    assert supervisor is not None
+    os.kill(supervisor.pid, signal.SIGKILL)
+    await asyncio.sleep(0.2)
+    assert (await client.request("status"))["runs"][0]["state"] == "running"
+    await asyncio.to_thread(wait_for, marker.exists, 10, "the run to finish its work")
+    await asyncio.to_thread(wait_for, lambda: run.state() == "lost", 10, "lost")
+    assert (await client.request("status"))["runs"][0]["state"] == "lost"
+
+
+async def test_stream_resumes_from_offsets_with_a_new_agent(workdir: Path, nvml_state: Path) -> None:
+    script = (
+        "import json, os, time\n"
+        "m = open(os.environ['EAGLE3_METRICS_FILE'], 'a', buffering=1)\n"
+        "for i in range(40):\n"
+        "    print(f'line {i}', flush=True)\n"
+        "    m.write(json.dumps({'step': i}) + '\\n')\n"
+        "    time.sleep(0.05)\n"
+    )
+    first = AgentClient(LocalTransport(workdir))
+    await first.start()
+    launched = await first.request("launch", kind="train", argv=[sys.executable, "-c", script])
+    sub = await first.subscribe(run=launched["run"])
+    log = b""
+    steps: list[int] = []
+    async for msg in sub:
+        if msg["stream"] == "log":
+            log += base64.b64decode(msg["data_b64"])
+        elif msg["stream"] == "metrics":
+            steps += [row["step"] for row in msg["rows"]]
+        if len(steps) >= 10:
+            break
+    offsets = dict(sub.offsets)
+    await first.close()  # the link drops mid-run
+
+    second = AgentClient(LocalTransport(workdir))
+    await second.start()
+    try:
+        resumed = await second.subscribe(run=launched["run"], offsets=offsets)
+        states = []
+        async for msg in resumed:
+            if msg["stream"] == "log":
+                log += base64.b64decode(msg["data_b64"])
+            elif msg["stream"] == "metrics":
+                steps += [row["step"] for row in msg["rows"]]
+            elif msg["stream"] in ("state", "end"):
+                states.append(msg["state"])
+        assert states[-1] == "exited"
+    finally:
+        await second.close()
+    assert steps == list(range(40))
+    assert log == b"".join(f"line {i}\n".encode() for i in range(40))
+
+
+async def test_gpu_samples_stream_on_a_run_less_subscription(client: AgentClient) -> None:
+    sub = await client.subscribe(gpu_interval=0.2)
+    samples = []
+    async for msg in sub:
+        samples.append(msg)
+        if len(samples) == 3:
+            break
+    await sub.close()
+    assert all(m["stream"] == "gpus" and m["source"] == "nvml" for m in samples)
+    assert samples[2]["t"] - samples[0]["t"] >= 0.3
+    assert samples[0]["gpus"][0]["name"] == "NVIDIA H200"
