@@ -15,7 +15,7 @@ import os
 import socket
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -58,7 +58,7 @@ STATE_CHECK_S = 1.0
 CHUNK_BYTES = 1024 * 1024
 
 
-def read_bytes(path: Path, offset: int, max_bytes: int) -> bytes:
+def read_bytes(path: str | Path, offset: int, max_bytes: int) -> bytes:
     try:
         with open(path, "rb") as fh:
             fh.seek(offset)
@@ -67,9 +67,9 @@ def read_bytes(path: Path, offset: int, max_bytes: int) -> bytes:
         return b""
 
 
-def file_size(path: Path) -> int:
+def file_size(path: str | Path) -> int:
     try:
-        return path.stat().st_size
+        return os.stat(path).st_size
     except OSError:
         return 0
 
@@ -112,6 +112,8 @@ class Subscription:
     next_gpu_at: float = 0.0
     last_state: str | None = None
     next_state_at: float = 0.0
+    # Built once: path joins in the poll loop were most of the idle CPU.
+    paths: dict[str, str] = field(default_factory=dict)
     ended: bool = False
     idle_sleep: float = POLL_MIN_S
     wake_at: float = 0.0
@@ -143,6 +145,9 @@ class Agent:
 
     def _owner_of(self, pid: int) -> str | None:
         return runctl.owner_of(pid, self._owners)
+
+    def gpu_error(self) -> str | None:
+        return self.sampler.fallback_reason or self.sampler.last_error
 
     def sample_gpus(self) -> list[GpuInfo]:
         self._owners = runctl.owner_lookup(self.store)
@@ -190,7 +195,8 @@ class Agent:
             result = await self.dispatch(request)
             await self.send(protocol.ok_reply(request.id, result))
         except ProtocolError as exc:
-            await self.send(protocol.error_reply(exc.request_id, exc.code, exc.message))
+            reply_id = exc.request_id if exc.request_id is not None else request_id
+            await self.send(protocol.error_reply(reply_id, exc.code, exc.message))
         except runctl.OpError as exc:
             await self.send(protocol.error_reply(request_id, exc.code, exc.message))
         except RunNotFound as exc:
@@ -231,6 +237,7 @@ class Agent:
         return {
             "host": socket.gethostname(),
             "gpu_source": self.sampler.source if gpus else "none",
+            "gpu_error": self.gpu_error() if gpus else None,
             "runs": runs,
             "gpus": gpu_list,
             "problems": problems,
@@ -251,8 +258,6 @@ class Agent:
         return await asyncio.to_thread(runctl.relaunch, self.store, run, set, unset, grace)
 
     async def op_free_gpus(self, gpus: list[int] | None, dry_run: bool, timeout: float, grace: float) -> Any:
-        if gpus is not None and not all(isinstance(g, int) and not isinstance(g, bool) for g in gpus):
-            raise runctl.OpError("bad_args", "gpus must be a list of GPU indices")
         self._owners = runctl.owner_lookup(self.store)
         return await asyncio.to_thread(free_gpus, self.sampler, gpus, dry_run, timeout, grace)
 
@@ -289,6 +294,7 @@ class Agent:
             run=rundir,
             offsets={name: offsets.get(name, 0) for name in STREAMS} if rundir else {},
             gpu_interval=gpu_interval,
+            paths={name: str(rundir.file(f)) for name, f in STREAM_FILES.items()} if rundir else {},
         )
         self.next_sub += 1
         self.subs[sub.id] = sub
@@ -323,12 +329,16 @@ class Agent:
             sub.next_gpu_at = now + sub.gpu_interval
             gpus = await asyncio.to_thread(self.sample_gpus)
             await self.send(
-                protocol.stream_message(sub.id, "gpus", {"t": time.time(), "source": self.sampler.source, "gpus": gpus})
+                protocol.stream_message(
+                    sub.id,
+                    "gpus",
+                    {"t": time.time(), "source": self.sampler.source, "error": self.gpu_error(), "gpus": gpus},
+                )
             )
         if sub.run is None:
             return moved
-        for stream, name in STREAM_FILES.items():
-            moved |= await self.pump(sub, stream, sub.run.file(name))
+        for stream, path in sub.paths.items():
+            moved |= await self.pump(sub, stream, path)
         if not moved and now < sub.next_state_at:
             return False
         sub.next_state_at = now + STATE_CHECK_S
@@ -344,7 +354,7 @@ class Agent:
             )
         return moved
 
-    async def pump(self, sub: Subscription, stream: str, path: Path) -> bool:
+    async def pump(self, sub: Subscription, stream: str, path: str) -> bool:
         offset = sub.offsets[stream]
         if file_size(path) <= offset:
             return False

@@ -18,7 +18,15 @@ from dataclasses import dataclass
 from backends import procinfo
 from backends.gpus import GpuSampler
 from backends.procinfo import ProcIdentity
-from backends.protocol import FreeGpusResult, GpuFreeReport, GpuInfo, GpuProcess, HeldProcess, ProtocolError
+from backends.protocol import (
+    FreeGpusResult,
+    GpuFreeReport,
+    GpuInfo,
+    GpuProcess,
+    GpuSourceName,
+    HeldProcess,
+    ProtocolError,
+)
 
 POLL_S = 0.1
 GONE = "gone (or not visible from this host's pid namespace)"
@@ -36,7 +44,7 @@ class PlannedProcess:
 
 @dataclass(frozen=True)
 class FreePlan:
-    gpu_source: str
+    gpu_source: GpuSourceName
     before: list[GpuInfo]  # the chosen GPUs, sampled at planning time
     processes: list[PlannedProcess]
 
@@ -46,9 +54,11 @@ def free_gpus(
 ) -> FreeGpusResult:
     """Free the GPUs `indices` (None: all). Blocks for up to `timeout` seconds.
 
-    A dry run signals nothing: each process's action is "kill" or "skip: <why>",
-    the memory after is unknown, and still_held lists the processes that the plan
-    leaves in place.
+    Each process's action is "killed", "survived" or "skip: <why>"; still_held
+    is every process still listed afterwards (a killed one among them when the
+    driver has not released its memory yet). A dry run signals nothing: actions
+    are "kill" or "skip: <why>", the memory after is unknown, and still_held
+    lists the processes the plan leaves in place.
     """
     plan = plan_free(sampler, indices)
     if dry_run:
@@ -130,8 +140,11 @@ def _wait_released(sampler: GpuSampler, signalled: set[ProcIdentity], deadline: 
         listed = {p["pid"] for gpu in sample for p in gpu["processes"]}
         now = time.monotonic()
         # An empty sample proves nothing (nvidia-smi hiccup), so it never ends the wait early.
-        if not pids or (sample and not listed & pids) or now >= deadline:
+        if not pids or now >= deadline:
             return latest
+        if sample and not listed & pids:
+            # Memory was read before the process list, maybe while the process still held it.
+            return sampler.sample() or latest
         if not killed and now >= kill_at:
             for ident in signalled:
                 procinfo.signal_if_ours(ident, signal.SIGKILL)

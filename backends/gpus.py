@@ -253,13 +253,18 @@ class GpuSampler:
         if handle is None:
             problems.append(f"GPU {index}: NVML gave no handle")
             return _empty_gpu(index)
+        # Memory info v2 leaves the driver's reserved memory out of "used", as nvidia-smi does
+        # (v1 counts it: 615 MiB "used" on an idle H200); v1 only where the driver or binding lacks v2.
+        memory = _nvml(lambda: nvml.nvmlDeviceGetMemoryInfo(handle, version=nvml.nvmlMemory_v2))
+        if memory is None:
+            memory = _nvml(lambda: nvml.nvmlDeviceGetMemoryInfo(handle))
         power_mw = _as_int(_nvml(lambda: nvml.nvmlDeviceGetPowerUsage(handle)))
         info: GpuInfo = {
             "index": index,
             "name": _as_text(_nvml(lambda: nvml.nvmlDeviceGetName(handle))),
             "util": _as_int(_nvml(lambda: nvml.nvmlDeviceGetUtilizationRates(handle).gpu)),
-            "mem_used_mib": _bytes_to_mib(_nvml(lambda: nvml.nvmlDeviceGetMemoryInfo(handle).used)),
-            "mem_total_mib": _bytes_to_mib(_nvml(lambda: nvml.nvmlDeviceGetMemoryInfo(handle).total)),
+            "mem_used_mib": _bytes_to_mib(getattr(memory, "used", None)),
+            "mem_total_mib": _bytes_to_mib(getattr(memory, "total", None)),
             "temp_c": _as_int(_nvml(lambda: nvml.nvmlDeviceGetTemperature(handle, nvml.NVML_TEMPERATURE_GPU))),
             "power_w": None if power_mw is None else power_mw / 1000,
             "processes": [],

@@ -16,22 +16,25 @@ def mask_env(env: dict[str, str]) -> dict[str, str]:
 
 
 def _is_secret_flag(flag: str) -> bool:
-    # Only the flag's last word counts: "--api-key" and "--hf-token" hide their
-    # value, "--tokenizer-path" and "--key-cache-dtype" do not.
-    words = flag.lstrip("-").replace("_", "-").split("-")
-    return words[-1].upper() in SECRET_MARKERS
+    # Only the end of the flag's last word counts: "--api-key", "--apikey" and
+    # "--hf-token" hide their value, "--tokenizer-path" and "--key-cache-dtype" do not.
+    last = flag.lstrip("-").replace("_", "-").split("-")[-1].upper()
+    return any(last.endswith(marker) for marker in SECRET_MARKERS)
 
 
 def mask_argv(argv: list[str]) -> list[str]:
-    """argv with the values of secret-named flags replaced by the mask."""
+    """argv with the values of secret-named flags and NAME=value pairs masked
+    (`--api-key X`, `--hf-token=X`, `env HF_TOKEN=X ...`, `docker -e HF_TOKEN=X`)."""
     masked: list[str] = []
     hide_next = False
     for arg in argv:
-        if hide_next:
+        name, sep, _ = arg.partition("=")
+        if hide_next and not arg.startswith("--"):
             masked.append(MASK)
             hide_next = False
-        elif arg.startswith("-") and "=" in arg and _is_secret_flag(arg.split("=", 1)[0]):
-            masked.append(arg.split("=", 1)[0] + "=" + MASK)
+        elif sep and (_is_secret_flag(name) if name.startswith("-") else is_secret_name(name)):
+            masked.append(f"{name}={MASK}")
+            hide_next = False
         else:
             masked.append(arg)
             hide_next = arg.startswith("--") and _is_secret_flag(arg)

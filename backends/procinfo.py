@@ -75,9 +75,11 @@ def read_stat(pid: int) -> ProcStat | None:
         return None
 
 
-def identify(pid: int) -> ProcIdentity | None:
+def identify(pid: int, include_zombie: bool = False) -> ProcIdentity | None:
+    """The identity of a live process; a zombie counts only when asked for
+    (a parent recording its own child, which may already have exited)."""
     stat = read_stat(pid)
-    if stat is None or stat.state == "Z":
+    if stat is None or (stat.state == "Z" and not include_zombie):
         return None
     return ProcIdentity(pid, stat.start_ticks, boot_id())
 
@@ -134,22 +136,43 @@ def refusal(ident: ProcIdentity) -> str | None:
         return "protected (pid 1, the agent or the console)"
     if not is_alive(ident):
         return "gone or pid reused (start time no longer matches)"
-    if proc_uid(ident.pid) != os.geteuid():
-        return f"belongs to user {user_name(proc_uid(ident.pid))}"
+    uid = proc_uid(ident.pid)
+    if uid is None:
+        return "gone"
+    if uid != os.geteuid():
+        return f"belongs to user {user_name(uid)}"
     return None
 
 
 def signal_if_ours(ident: ProcIdentity, sig: signal.Signals) -> str | None:
-    """Send `sig` to the process when it is still ours; return why not otherwise."""
+    """Send `sig` to the process when it is still ours; return why not otherwise.
+
+    The pid is pinned with a pidfd and the identity checked again through it, so
+    a pid recycled between the check and the signal cannot be hit.
+    """
     reason = refusal(ident)
     if reason is not None:
         return reason
     try:
-        os.kill(ident.pid, sig)
+        pidfd = os.pidfd_open(ident.pid)
+    except ProcessLookupError:
+        return "gone"
+    except OSError:
+        pidfd = -1  # kernels before 5.3: fall back to kill(2) right after the check
+    try:
+        if pidfd >= 0:
+            if not is_alive(ident):
+                return "gone or pid reused (start time no longer matches)"
+            signal.pidfd_send_signal(pidfd, sig)
+        else:
+            os.kill(ident.pid, sig)
     except ProcessLookupError:
         return "gone"
     except PermissionError as exc:
         return f"not permitted: {exc.strerror}"
+    finally:
+        if pidfd >= 0:
+            os.close(pidfd)
     return None
 
 

@@ -11,6 +11,7 @@ that reconnects resumes exactly where it stopped.
 
 from __future__ import annotations
 
+import copy
 import json
 from dataclasses import dataclass
 from typing import Any, Literal, TypedDict
@@ -75,7 +76,8 @@ class RunProblem(TypedDict):
 
 class StatusResult(TypedDict):
     host: str
-    gpu_source: str
+    gpu_source: GpuSourceName
+    gpu_error: str | None  # why the source is not NVML, or what the last sample could not read
     runs: list[RunInfo]
     gpus: list[GpuInfo]
     problems: list[RunProblem]  # run folders that cannot be read (corrupt spec.json, ...)
@@ -114,7 +116,7 @@ class GpuFreeReport(TypedDict):
 
 class FreeGpusResult(TypedDict):
     dry_run: bool
-    gpu_source: str
+    gpu_source: GpuSourceName
     gpus: list[GpuFreeReport]
 
 
@@ -217,17 +219,18 @@ def parse_request(line: bytes) -> Request:
     """Decode and validate one request line (without its args' meaning)."""
     try:
         msg = json.loads(line)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except (ValueError, RecursionError) as exc:  # bad UTF-8/JSON, absurd nesting or integers
         raise ProtocolError("bad_json", f"request is not JSON: {exc}") from None
     if not isinstance(msg, dict):
         raise ProtocolError("bad_request", "request must be a JSON object")
     request_id = msg.get("id")
     if not isinstance(request_id, (int, str)) or isinstance(request_id, bool):
         raise ProtocolError("bad_request", "request needs an integer or string 'id'")
-    if msg.get("v") != PROTOCOL_VERSION:
+    version = msg.get("v")
+    if type(version) is not int or version != PROTOCOL_VERSION:
         raise ProtocolError(
             "bad_version",
-            f"protocol version {msg.get('v')!r} not supported; this agent speaks {PROTOCOL_VERSION}",
+            f"protocol version {version!r} not supported; this agent speaks {PROTOCOL_VERSION}",
             request_id,
         )
     op = msg.get("op")
@@ -249,13 +252,16 @@ def _check_args(op: str, args: dict[str, Any], request_id: int | str) -> dict[st
         if name not in args:
             if required:
                 raise ProtocolError("bad_args", f"{op}: missing argument '{name}'", request_id)
-            checked[name] = default
+            checked[name] = copy.deepcopy(default)  # never hand out the schema's own list
             continue
         value = args[name]
         # bool is an int subclass; accept it only where bool is asked for.
         if (isinstance(value, bool) and bool not in types) or not isinstance(value, types):
             wanted = "/".join("null" if t is type(None) else t.__name__ for t in types)
             raise ProtocolError("bad_args", f"{op}: '{name}' must be {wanted}", request_id)
+        # Every number in a request (offsets, counts, seconds) is non-negative; NaN is not.
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and not value >= 0:
+            raise ProtocolError("bad_args", f"{op}: '{name}' must not be negative", request_id)
         checked[name] = value
     return checked
 

@@ -15,10 +15,12 @@ whether the recorded processes are still the same processes.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import secrets
+import shutil
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -91,14 +93,31 @@ class RunSpec:
     def validate(self) -> None:
         if self.kind not in RUN_KINDS:
             raise SpecError(f"unknown run kind {self.kind!r}; use one of {', '.join(RUN_KINDS)}")
-        if not self.argv or not all(isinstance(a, str) for a in self.argv):
+        if not isinstance(self.argv, list) or not self.argv or not all(isinstance(a, str) for a in self.argv):
             raise SpecError("argv must be a non-empty list of strings")
-        if not all(isinstance(k, str) and isinstance(v, str) for k, v in self.env.items()):
+        if not isinstance(self.env, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in self.env.items()
+        ):
             raise SpecError("env must map strings to strings")
-        if not all(isinstance(g, int) and not isinstance(g, bool) and g >= 0 for g in self.gpus):
+        if not isinstance(self.gpus, list) or not all(_is_int(g) and g >= 0 for g in self.gpus):
             raise SpecError("gpus must be a list of GPU indices")
-        if self.stall_after is not None and self.stall_after <= 0:
+        if not isinstance(self.name, str):
+            raise SpecError("name must be a string")
+        for name in ("cwd", "health_url", "parent"):
+            if getattr(self, name) is not None and not isinstance(getattr(self, name), str):
+                raise SpecError(f"{name} must be a string or null")
+        if self.stall_after is not None and (not _is_number(self.stall_after) or self.stall_after <= 0):
             raise SpecError("stall window must be positive seconds")
+        if not _is_number(self.created_at):
+            raise SpecError("created_at must be a time in seconds")
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
@@ -137,7 +156,7 @@ def read_json(path: Path) -> Any:
         return None
 
 
-def read_jsonl(path: Path, offset: int = 0, max_bytes: int = 64 * 1024 * 1024) -> tuple[list[Any], int, int]:
+def read_jsonl(path: str | Path, offset: int = 0, max_bytes: int = 64 * 1024 * 1024) -> tuple[list[Any], int, int]:
     """Complete lines from `offset`: (rows, skipped garbage lines, next offset).
 
     A trailing line without its newline is still being written: it is left for
@@ -150,9 +169,13 @@ def read_jsonl(path: Path, offset: int = 0, max_bytes: int = 64 * 1024 * 1024) -
     except FileNotFoundError:
         return [], 0, offset
     end = data.rfind(b"\n") + 1
+    if end == 0 and len(data) == max_bytes:
+        # One line longer than a whole read: skip past it rather than stall here.
+        return [], 1, offset + len(data)
     rows: list[Any] = []
     skipped = 0
-    for line in data[:end].splitlines():
+    # Split on \n only: a stray \r inside a line must not make two lines of it.
+    for line in data[:end].split(b"\n"):
         if not line.strip():
             continue
         try:
@@ -259,6 +282,9 @@ def derive_state(run: RunDir) -> str:
         created = run.spec().created_at
         if time.time() - created < SUPERVISOR_START_TIMEOUT_S:
             return "starting"
+    if run.exit() is not None:
+        # The supervisor wrote exit.json and left while we looked: the run ended normally.
+        return derive_state(run)
     # The supervisor is gone without writing exit.json: the exit is unknown.
     return "lost"
 
@@ -271,18 +297,19 @@ class RunStore:
     def create(self, spec: RunSpec) -> RunDir:
         """Make the run folder and write spec.json; StoreError when it cannot."""
         spec.validate()
+        path: Path | None = None
         try:
             self.runs.mkdir(parents=True, exist_ok=True)
-            while True:
-                path = self.runs / new_run_id()
-                try:
-                    path.mkdir()
-                    break
-                except FileExistsError:
-                    continue
+            while path is None:
+                candidate = self.runs / new_run_id()
+                with contextlib.suppress(FileExistsError):
+                    candidate.mkdir()
+                    path = candidate
             atomic_write_json(path / SPEC, spec.to_json())
             (path / OUTPUT).touch()
         except OSError as exc:
+            if path is not None:
+                shutil.rmtree(path, ignore_errors=True)  # no half-made run left behind
             raise StoreError(
                 f"cannot write the run store at {self.runs}: {exc.strerror or exc}; "
                 "fix its permissions or choose another --workdir"
@@ -301,10 +328,12 @@ class RunStore:
 
     def get(self, ref: str) -> RunDir:
         """A run by exact id, unique id prefix, or name (the newest run with it)."""
+        if not ref:
+            raise RunNotFound("no run given; 'status' lists the runs")
         ids = self.ids()
         if ref in ids:
             return RunDir(self.runs / ref)
-        matches = [i for i in ids if i.startswith(ref)] if ref else []
+        matches = [i for i in ids if i.startswith(ref)]
         if len(matches) == 1:
             return RunDir(self.runs / matches[0])
         if len(matches) > 1:

@@ -78,7 +78,7 @@ def supervise(run: RunDir) -> int:
                 message += " (check the program name and PATH, or the --cwd)"
             run.append_event("spawn_failed", errno=exc.errno)
             return fail(run, message)
-    ident = procinfo.identify(child.pid)
+    ident = procinfo.identify(child.pid, include_zombie=True)
     write_proc(run, child=ident.to_json() if ident else None, child_started_at=time.time())
     run.append_event("spawned", pid=child.pid)
     run.append_event("state", state="running")

@@ -94,6 +94,8 @@ def status_text(status: dict[str, Any]) -> str:
         parts.append(f"GPUs (via {status['gpu_source']})\n" + gpus_table(status["gpus"]))
     else:
         parts.append(f"GPUs: none found (source: {status['gpu_source']})")
+    if status.get("gpu_error"):
+        parts.append(f"GPU telemetry: {status['gpu_error']}")
     return "\n\n".join(parts)
 
 

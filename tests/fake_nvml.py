@@ -2,11 +2,12 @@
 
 Select it with EAGLE3_NVML_MODULE=tests.fake_nvml. The JSON file named by
 $FAKE_NVML_STATE describes the GPUs (see `write_state` and `gpu`) and is read
-again on every call, so another process can change it mid-run. A listed process
-counts only while its pid is alive and not a zombie, and a GPU's used memory is
-base_used_mib plus its live processes' mem_mib: killing the process releases
-the memory, as on a real GPU. `fail` names fields whose call raises NVMLError
-(one of FIELDS). Without $FAKE_NVML_STATE: 8 idle H200s.
+again on every call, so another process can change it mid-run. As on a real GPU:
+a listed process counts only while its pid is alive and not a zombie; used
+memory is base_used_mib plus the live processes' mem_mib, so killing a process
+releases its memory; the driver's reserved_mib counts as used only in the v1
+memory call. `fail` names fields (of FIELDS) whose call raises NVMLError.
+Without $FAKE_NVML_STATE: 8 idle H200s.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Any
 
 STATE_ENV = "FAKE_NVML_STATE"
 NVML_TEMPERATURE_GPU = 0
+nvmlMemory_v2 = 0x02000028
 MIB = 1024 * 1024
 FIELDS = ("name", "util", "memory", "temperature", "power", "processes")
 H200_MIB = 143771
@@ -41,6 +43,7 @@ def gpu(
     util: int = 0,
     mem_total_mib: int = H200_MIB,
     base_used_mib: int = 0,
+    reserved_mib: int = 0,
     temp_c: int = 30,
     power_w: float = 75.0,
     processes: Iterable[tuple[int, int | None]] = (),
@@ -55,6 +58,7 @@ def gpu(
         "util": util,
         "mem_total_mib": mem_total_mib,
         "base_used_mib": base_used_mib,
+        "reserved_mib": reserved_mib,
         "temp_c": temp_c,
         "power_w": power_w,
         "processes": [{"pid": pid, "mem_mib": mem} for pid, mem in processes],
@@ -149,11 +153,17 @@ def nvmlDeviceGetUtilizationRates(handle: SimpleNamespace) -> SimpleNamespace:
     return SimpleNamespace(gpu=_gpu(handle, "util")["util"], memory=0)
 
 
-def nvmlDeviceGetMemoryInfo(handle: SimpleNamespace) -> SimpleNamespace:
+def nvmlDeviceGetMemoryInfo(handle: SimpleNamespace, version: int | None = None) -> SimpleNamespace:
+    """v1 counts the driver's reserved memory as used; v2 (and nvidia-smi) do not."""
     entry = _gpu(handle, "memory")
     total = entry["mem_total_mib"] * MIB
     used = used_mib(entry) * MIB
-    return SimpleNamespace(total=total, used=used, free=total - used)
+    reserved = entry.get("reserved_mib", 0) * MIB
+    if version is None:
+        return SimpleNamespace(total=total, used=used + reserved, free=total - used - reserved)
+    if version != nvmlMemory_v2:
+        raise NVMLError("Argument Version Mismatch")
+    return SimpleNamespace(version=version, total=total, reserved=reserved, free=total - used - reserved, used=used)
 
 
 def nvmlDeviceGetTemperature(handle: SimpleNamespace, sensor: int) -> int:

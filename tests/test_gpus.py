@@ -147,7 +147,7 @@ def test_nvml_init_failure_falls_back_to_nvidia_smi_with_the_same_numbers(
 ) -> None:
     trainer, server = spawn(), spawn()
     gpus = [
-        gpu(util=100, base_used_mib=503, temp_c=59, power_w=691.09, processes=[(trainer.pid, 5000)]),
+        gpu(util=100, base_used_mib=9, reserved_mib=614, temp_c=59, power_w=691.09, processes=[(trainer.pid, 4906)]),
         gpu(util=3, base_used_mib=1, processes=[(server.pid, None)], fail=["temperature"]),
     ]
     write_state(state, gpus)
@@ -161,6 +161,7 @@ def test_nvml_init_failure_falls_back_to_nvidia_smi_with_the_same_numbers(
         assert "Driver Not Loaded" in (sampler.fallback_reason or "")
         from_smi = sampler.sample()
     assert from_smi == from_nvml
+    assert from_smi[0]["mem_used_mib"] == 9 + 4906  # the driver's reserved 614 MiB left out, as nvidia-smi does
     assert from_smi[1]["temp_c"] is None
     assert from_smi[1]["processes"][0]["mem_mib"] is None
 

@@ -200,11 +200,6 @@ def test_get_in_an_empty_store(tmp_path: Path) -> None:
         RunStore(tmp_path / "missing").get("tune")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: get('') matches the name of every unnamed run (name defaults to ''), so an empty ref "
-    "picks the newest unnamed run -- e.g. `kill ''` would kill it",
-)
 def test_get_empty_ref_is_an_error(tmp_path: Path) -> None:
     store = RunStore(tmp_path)
     make_run(store, A, train_spec().to_json())
@@ -265,12 +260,6 @@ def test_spec_with_wrong_fields_is_a_spec_error(tmp_path: Path, spec: object) ->
     _assert_spec_error_names_run(run)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: RunSpec.validate does not check container/scalar types: env=list -> AttributeError, "
-    "gpus=int/None -> TypeError, stall_after=str -> TypeError, created_at=str -> TypeError in derive_state; "
-    "argv=str and name=int pass silently",
-)
 @pytest.mark.parametrize(
     "spec",
     [
@@ -505,11 +494,6 @@ def test_create_failure_keeps_existing_runs(tmp_path: Path, monkeypatch: pytest.
     assert store.get("old").id == old.id
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: RunStore.create leaves the half-made run folder (no spec.json) behind when writing the "
-    "spec fails (e.g. disk full); it then shows up in ids()/all() as a run whose spec() raises SpecError",
-)
 def test_create_failure_leaves_no_half_made_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     store = RunStore(tmp_path)
 
@@ -682,11 +666,6 @@ def test_a_reused_pid_is_not_taken_for_the_run(tmp_path: Path, sleeper: Callable
     assert stranger.poll() is None
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG (race): derive_state reads exit.json before checking liveness; if the supervisor writes "
-    "exit.json and exits in between, a run that exited 0 is reported 'lost'",
-)
 def test_state_is_not_lost_when_exit_json_lands_during_the_check(
     tmp_path: Path, sleeper: Callable[[], subprocess.Popen[bytes]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
