@@ -20,7 +20,7 @@ demo: $(VENV)/.installed
 	$(CONSOLE) logs demo --follow
 	@echo
 	$(CONSOLE) status
-	$(CONSOLE) metrics demo | tail -n 5
+	$(CONSOLE) metrics demo --tail 5
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check .

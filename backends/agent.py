@@ -21,7 +21,7 @@ from typing import Any
 
 import backends
 from backends import protocol, runctl
-from backends.freegpus import free_gpus
+from backends.freegpus import FreePlan, free_gpus
 from backends.gpus import GpuSampler
 from backends.protocol import (
     MAX_LINE_BYTES,
@@ -259,7 +259,16 @@ class Agent:
 
     async def op_free_gpus(self, gpus: list[int] | None, dry_run: bool, timeout: float, grace: float) -> Any:
         self._owners = runctl.owner_lookup(self.store)
-        return await asyncio.to_thread(free_gpus, self.sampler, gpus, dry_run, timeout, grace)
+        return await asyncio.to_thread(free_gpus, self.sampler, gpus, dry_run, timeout, grace, self._record_free)
+
+    def _record_free(self, plan: FreePlan) -> None:
+        """A run whose processes free-gpus is about to stop shows as killed, not failed."""
+        by_run: dict[str, list[int]] = {}
+        for planned in plan.processes:
+            if planned.skip is None and planned.process["run_id"]:
+                by_run.setdefault(planned.process["run_id"], []).append(planned.process["pid"])
+        for run_id, pids in by_run.items():
+            self.store.get(run_id).append_event("signal", signal="TERM", pids=sorted(pids), by="free-gpus")
 
     async def op_logs(self, run: str, offset: int | None, tail: int | None, max_bytes: int) -> LogChunk | Any:
         rundir = self.store.get(run)

@@ -13,6 +13,7 @@ import contextlib
 import os
 import signal
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from backends import procinfo
@@ -50,7 +51,12 @@ class FreePlan:
 
 
 def free_gpus(
-    sampler: GpuSampler, indices: list[int] | None, dry_run: bool, timeout: float = 15.0, grace: float = 5.0
+    sampler: GpuSampler,
+    indices: list[int] | None,
+    dry_run: bool,
+    timeout: float = 15.0,
+    grace: float = 5.0,
+    before_signals: Callable[[FreePlan], None] | None = None,
 ) -> FreeGpusResult:
     """Free the GPUs `indices` (None: all). Blocks for up to `timeout` seconds.
 
@@ -59,10 +65,15 @@ def free_gpus(
     driver has not released its memory yet). A dry run signals nothing: actions
     are "kill" or "skip: <why>", the memory after is unknown, and still_held
     lists the processes the plan leaves in place.
+
+    `before_signals(plan)` runs after planning and before the first signal (the
+    agent records the kill in the events of the runs it hits).
     """
     plan = plan_free(sampler, indices)
     if dry_run:
         return _dry_run_report(plan)
+    if before_signals is not None:
+        before_signals(plan)
     return carry_out(plan, sampler, timeout, grace)
 
 

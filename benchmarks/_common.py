@@ -30,8 +30,10 @@ def percentile(values: Sequence[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q / 100 * len(ordered)))]
 
 
-def print_table(rows: Sequence[tuple[str, str, str, str]]) -> None:
-    headers = ("metric", "measured", "target", "ratio (measured/target)")
-    widths = [max(len(str(r[i])) for r in [headers, *rows]) for i in range(4)]
+TARGET_HEADERS = ("metric", "measured", "target", "ratio (measured/target)")
+
+
+def print_table(rows: Sequence[Sequence[str]], headers: Sequence[str] = TARGET_HEADERS) -> None:
+    widths = [max(len(str(r[i])) for r in [headers, *rows]) for i in range(len(headers))]
     for row in [headers, *rows]:
         print("  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True)))

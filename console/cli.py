@@ -113,6 +113,7 @@ def build_parser() -> Parser:
     p = sub.add_parser("metrics", help="a run's metric rows")
     p.add_argument("run", metavar="RUN")
     p.add_argument("--json", action="store_true", help="one JSON object per line")
+    p.add_argument("--tail", type=int, help="only the last N rows")
     return parser
 
 
@@ -265,12 +266,17 @@ async def cmd_logs(client: AgentClient, ns: argparse.Namespace, _: list[str]) ->
 
 
 async def cmd_metrics(client: AgentClient, ns: argparse.Namespace, _: list[str]) -> int:
+    if ns.tail is not None and ns.tail < 0:
+        raise UsageError("--tail needs a count of rows, 0 or more")
     result = await client.request("metrics", run=ns.run)
+    rows = result["rows"]
+    if ns.tail is not None:
+        rows = rows[max(0, len(rows) - ns.tail) :]
     if ns.json:
-        for row in result["rows"]:
+        for row in rows:
             out(json.dumps(row))
-    elif result["rows"]:
-        out(render.metrics_table(result["rows"]))
+    elif rows:
+        out(render.metrics_table(rows))
     else:
         out("no metrics yet")
     if result["skipped"]:

@@ -95,7 +95,7 @@ def status_text(status: dict[str, Any]) -> str:
     else:
         parts.append(f"GPUs: none found (source: {status['gpu_source']})")
     if status.get("gpu_error"):
-        parts.append(f"GPU telemetry: {status['gpu_error']}")
+        parts[-1] += f"\n{status['gpu_error']}"
     return "\n\n".join(parts)
 
 

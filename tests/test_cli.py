@@ -76,6 +76,8 @@ def test_launch_logs_metrics_status_round_trip(cli: CLI, workdir: Path) -> None:
 
     table = cli("metrics", run_id)
     assert b"step" in table.stdout and b"4.9" in table.stdout
+    last = cli("metrics", run_id, "--tail", "1").stdout.decode().splitlines()
+    assert last[0].split() == ["step", "loss"] and last[1].split() == ["2", "4.9"]
 
 
 def test_status_table_and_json_shape(cli: CLI) -> None:
@@ -325,7 +327,7 @@ def test_free_gpus_dry_run_then_for_real(cli: CLI, nvml_state: Path, reaper: lis
     holder.wait(timeout=5)
 
 
-def test_gpu_processes_are_attributed_to_their_run(cli: CLI, nvml_state: Path) -> None:
+def test_gpu_processes_are_attributed_to_their_run_and_freeing_them_kills_it(cli: CLI, nvml_state: Path) -> None:
     script = (
         "import subprocess, sys\n"
         "p = subprocess.Popen([sys.executable, '-c', 'import time; print(1, flush=True); time.sleep(300)'])\n"
@@ -339,4 +341,9 @@ def test_gpu_processes_are_attributed_to_their_run(cli: CLI, nvml_state: Path) -
     gpu = status(cli)["gpus"][0]
     assert gpu["processes"][0]["run_id"] == run_id
     assert gpu["mem_used_mib"] == 2048
-    cli("kill", run_id, "--grace", "1")
+    assert f"{grandchild}(" in cli("status").stdout.decode() and run_id in cli("status").stdout.decode()
+
+    freed = cli("free-gpus", "--yes")
+    assert freed.returncode == 0 and b"freed 2048 MiB" in freed.stdout
+    # The run lost its GPU process to our own action: killed, not failed.
+    assert wait_state(cli, run_id, {"killed", "failed", "exited"})["state"] == "killed"
