@@ -133,6 +133,27 @@ class MetricsResult(TypedDict):
     next_offset: int
 
 
+Severity = Literal["error", "warning", "info"]
+
+
+class Finding(TypedDict):
+    """One thing `doctor` found: a stable code, how bad, what, and what to do."""
+
+    code: str
+    severity: Severity
+    message: str
+    fix: str | None
+
+
+class DoctorResult(TypedDict):
+    draft: str
+    format: str  # "sglang" | "speculators" | "eagle-bin" | "unknown"
+    sglang_versions: list[str]  # the versions checked against
+    findings: list[Finding]
+    errors: int
+    warnings: int
+
+
 class ErrorBody(TypedDict):
     code: str
     message: str
