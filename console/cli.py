@@ -184,7 +184,12 @@ async def cmd_launch(client: AgentClient, ns: argparse.Namespace, argv: list[str
         health_url=ns.health_url,
         stall_after=ns.stall_after,
     )
-    if ns.json:
+    return report_launched(result, ns.json)
+
+
+def report_launched(result: dict[str, Any], as_json: bool) -> int:
+    """Print a new run's id (or the whole reply as JSON); fail when it could not start."""
+    if as_json:
         dump(result)
     else:
         out(result["run"])
@@ -207,16 +212,9 @@ async def cmd_relaunch(client: AgentClient, ns: argparse.Namespace, _: list[str]
     sets = [as_flag(item) for item in ns.sets]
     unsets = [as_flag(item) for item in ns.unsets]
     result = await client.request("relaunch", run=ns.run, set=sets, unset=unsets, grace=ns.grace)
-    if ns.json:
-        dump(result)
-        return EXIT_OK
-    if result.get("stopped_parent"):
+    if result.get("stopped_parent") and not ns.json:
         out(render.kill_text(result["stopped_parent"]))
-    out(result["run"])
-    if result.get("error"):
-        print(f"eagle3-console: run {result['run']} failed to start: {result['error']}", file=sys.stderr)
-        return EXIT_FAILED
-    return EXIT_OK
+    return report_launched(result, ns.json)
 
 
 async def cmd_free_gpus(client: AgentClient, ns: argparse.Namespace, _: list[str]) -> int:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import subprocess
@@ -97,11 +96,23 @@ def run_state(workdir: Path, run_id: str) -> str:
     return RunStore(workdir).get(run_id).state()
 
 
+SLEEPER = "import time; time.sleep(60)"
+Spawn = Callable[..., subprocess.Popen[bytes]]
+
+
 @pytest.fixture
-def reaper() -> Iterator[list[int]]:
-    """pids to SIGKILL after the test, whatever happened."""
-    pids: list[int] = []
-    yield pids
-    for pid in pids:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(pid, 9)
+def spawn() -> Iterator[Spawn]:
+    """Start child processes (a sleeping python by default); each is killed when the test ends."""
+    children: list[subprocess.Popen[bytes]] = []
+
+    def start(argv: list[str] | None = None, **popen: Any) -> subprocess.Popen[bytes]:
+        child = subprocess.Popen(argv or [sys.executable, "-c", SLEEPER], **popen)
+        children.append(child)
+        return child
+
+    try:
+        yield start
+    finally:
+        for child in children:
+            child.kill()
+            child.wait()

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from backends.runstore import RunStore
-from tests.conftest import CLI, wait_for
+from tests.conftest import CLI, Spawn, wait_for
 
 
 def launch(cli: CLI, *args: str) -> str:
@@ -242,14 +242,12 @@ def test_kill_of_an_ended_run_says_so(cli: CLI) -> None:
     assert result.returncode == 1 and b"nothing to kill" in result.stderr
 
 
-def test_recycled_pid_is_never_signalled(cli: CLI, workdir: Path, reaper: list[int]) -> None:
+def test_recycled_pid_is_never_signalled(cli: CLI, workdir: Path, spawn: Spawn) -> None:
     """The recorded child is gone and its pid now names another process of ours."""
-    import subprocess
 
     run_id = launch(cli, "command", "--", "true")
     wait_state(cli, run_id, {"exited"})
-    bystander = subprocess.Popen(["sleep", "60"])
-    reaper.append(bystander.pid)
+    bystander = spawn(["sleep", "60"])
     run_dir = RunStore(workdir).get(run_id)
     proc = json.loads(run_dir.file("proc.json").read_text())
     proc["child"]["pid"] = bystander.pid  # same pid, start time of the old process
@@ -299,11 +297,9 @@ def test_logs_follow_streams_until_the_run_ends(cli: CLI) -> None:
     assert result.stdout == b"".join(f"line {i}\n".encode() for i in range(5))
 
 
-def test_free_gpus_dry_run_then_for_real(cli: CLI, nvml_state: Path, reaper: list[int]) -> None:
-    import subprocess
+def test_free_gpus_dry_run_then_for_real(cli: CLI, nvml_state: Path, spawn: Spawn) -> None:
 
-    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
-    reaper.append(holder.pid)
+    holder = spawn()
     state = json.loads(nvml_state.read_text())
     state["gpus"][0]["processes"] = [{"pid": holder.pid, "mem_mib": 4600}, {"pid": 1, "mem_mib": 100}]
     nvml_state.write_text(json.dumps(state))

@@ -7,9 +7,8 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -18,17 +17,15 @@ from backends.freegpus import carry_out, free_gpus, plan_free
 from backends.gpus import GpuSampler
 from backends.protocol import ProtocolError
 from tests import fake_nvml
+from tests.conftest import Spawn
 from tests.fake_nvml import gpu, write_state
 
-SLEEPER = "import time; time.sleep(60)"
 STUBBORN = (
     "import signal, sys, time\n"
     "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
     "print('ready', flush=True)\n"
     "time.sleep(60)\n"
 )
-
-Spawn = Callable[..., subprocess.Popen[bytes]]
 
 
 @pytest.fixture
@@ -44,24 +41,6 @@ def state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 def sampler(state: Path) -> Iterator[GpuSampler]:
     with GpuSampler() as gpus:
         yield gpus
-
-
-@pytest.fixture
-def spawn() -> Iterator[Spawn]:
-    """Start child processes (a sleeping python by default); each is killed when the test ends."""
-    children: list[subprocess.Popen[bytes]] = []
-
-    def start(argv: list[str] | None = None, **popen: Any) -> subprocess.Popen[bytes]:
-        child = subprocess.Popen(argv or [sys.executable, "-c", SLEEPER], **popen)
-        children.append(child)
-        return child
-
-    try:
-        yield start
-    finally:
-        for child in children:
-            child.kill()
-            child.wait()
 
 
 def alive(child: subprocess.Popen[bytes]) -> bool:

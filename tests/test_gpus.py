@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
-from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -15,12 +13,11 @@ from hypothesis import strategies as st
 from backends import procinfo
 from backends.gpus import SMI_APP_FIELDS, SMI_GPU_FIELDS, GpuSampler, parse_smi_apps, parse_smi_gpus
 from tests import fake_nvml
+from tests.conftest import Spawn
 from tests.fake_nvml import gpu, write_state
 
 FAKE_BIN = Path(__file__).resolve().parent / "fake_bin"
 ME = procinfo.user_name(os.geteuid())
-
-Spawn = Callable[[], subprocess.Popen[bytes]]
 
 
 @pytest.fixture
@@ -37,24 +34,6 @@ def state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 def with_fake_smi(monkeypatch: pytest.MonkeyPatch) -> None:
     # The double's `#!/usr/bin/env python3` then finds the interpreter running the tests.
     monkeypatch.setenv("PATH", os.pathsep.join([str(FAKE_BIN), str(Path(sys.executable).parent)]))
-
-
-@pytest.fixture
-def spawn() -> Iterator[Spawn]:
-    """Start sleeping child processes; every one is killed when the test ends."""
-    children: list[subprocess.Popen[bytes]] = []
-
-    def start() -> subprocess.Popen[bytes]:
-        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
-        children.append(child)
-        return child
-
-    try:
-        yield start
-    finally:
-        for child in children:
-            child.kill()
-            child.wait()
 
 
 def test_nvml_sample_reports_every_field_in_the_protocols_units(state: Path, spawn: Spawn) -> None:
