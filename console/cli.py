@@ -14,7 +14,7 @@ import os
 import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from backends.protocol import RUN_KINDS, SIGNAL_NAMES
 from console import render
