@@ -202,6 +202,8 @@ OPS: dict[str, _ArgSpec] = {
         "gpus": (_LIST, False, []),
         "health_url": (_OPT_STR, False, None),
         "stall_after": (_OPT_NUM, False, None),
+        "module": (_OPT_STR, False, None),
+        "nproc": (_OPT_INT, False, None),
     },
     "kill": {
         "run": (_STR, True, None),

@@ -8,6 +8,7 @@ processes were listed, so a pid recycled meanwhile is never signalled.
 from __future__ import annotations
 
 import dataclasses
+import os
 import signal
 import subprocess
 import sys
@@ -208,12 +209,35 @@ def owner_of(pid: int, owners: dict[int, str]) -> str | None:
     return None
 
 
+# Our own stages, launchable by module name with the agent's interpreter.
+BACKEND_MODULES = ("backends.extract", "backends.train", "backends.demo_target", "backends.demo_job")
+
+
+def module_argv(module: str, args: list[str], nproc: int | None) -> list[str]:
+    """argv that runs one of our modules with this interpreter, under torchrun when nproc > 1."""
+    if module not in BACKEND_MODULES:
+        raise OpError("bad_args", f"module {module!r} is not one of ours: {', '.join(BACKEND_MODULES)}")
+    if nproc is not None and nproc > 1:
+        return [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}", "-m", module, *args]
+    return [sys.executable, "-m", module, *args]
+
+
 def checked_spec(args: dict[str, Any], cwd_default: str | None) -> RunSpec:
+    """A RunSpec from launch arguments; OpError("bad_args") when they make no sense."""
+    env = dict(args["env"])
+    argv = list(args["argv"])
+    if args["module"] is not None:
+        argv = module_argv(args["module"], argv, args["nproc"])
+        # The child runs in the user's folder, yet must import our package.
+        inherited = env.get("PYTHONPATH", os.environ.get("PYTHONPATH"))
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PACKAGE_ROOT), inherited]))
+    elif args["nproc"] is not None:
+        raise OpError("bad_args", "nproc goes with one of our modules (extract, train)")
     spec = RunSpec(
         kind=args["kind"],
-        argv=list(args["argv"]),
+        argv=argv,
         name=args["name"] or "",
-        env=dict(args["env"]),
+        env=env,
         cwd=args["cwd"] or cwd_default,
         gpus=list(args["gpus"]),
         health_url=args["health_url"],

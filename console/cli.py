@@ -22,6 +22,7 @@ from console.client import AgentClient, AgentError
 from console.transport import LocalTransport, Transport, TransportError
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+STAGES = ("extract", "train")
 
 
 class UsageError(Exception):
@@ -114,6 +115,16 @@ def build_parser() -> Parser:
     p.add_argument("run", metavar="RUN")
     p.add_argument("--json", action="store_true", help="one JSON object per line")
     p.add_argument("--tail", type=int, help="only the last N rows")
+    p.add_argument("--follow", "-f", action="store_true", help="keep printing rows until the run ends")
+
+    for stage in STAGES:
+        p = sub.add_parser(
+            stage,
+            help=f"launch our {stage} stage: {stage} [--name N] [--gpus L] [--nproc N] [--follow] ARGS...",
+            description=f"Shorthand for `launch {stage} -- python -m backends.{stage} ARGS...`: run options come "
+            f"first, everything from the first other word on goes to backends.{stage} "
+            f"(see `python -m backends.{stage} --help`).",
+        )
     return parser
 
 
@@ -263,7 +274,27 @@ async def cmd_logs(client: AgentClient, ns: argparse.Namespace, _: list[str]) ->
     return EXIT_OK
 
 
+async def follow_metrics(client: AgentClient, run: str) -> int:
+    """Print metric rows as a live table until the run ends; its fate decides the exit code."""
+    table = render.LiveTable()
+    far = 1 << 62
+    sub = await client.subscribe(run=run, offsets={"log": far, "events": far, "metrics": 0})
+    final = None
+    async for msg in sub:
+        if msg["stream"] == "metrics":
+            for line in table.lines([r for r in msg["rows"] if isinstance(r, dict)]):
+                out(line)
+        elif msg["stream"] == "end":
+            final = msg["state"]
+    if final is None:
+        raise TransportError(client.closed_reason or "the stream ended before the run did")
+    print(f"eagle3-console: run {run} {final}", file=sys.stderr)
+    return EXIT_OK if final == "exited" else EXIT_FAILED
+
+
 async def cmd_metrics(client: AgentClient, ns: argparse.Namespace, _: list[str]) -> int:
+    if ns.follow:
+        return await follow_metrics(client, ns.run)
     if ns.tail is not None and ns.tail < 0:
         raise UsageError("--tail needs a count of rows, 0 or more")
     result = await client.request("metrics", run=ns.run)
@@ -282,7 +313,43 @@ async def cmd_metrics(client: AgentClient, ns: argparse.Namespace, _: list[str])
     return EXIT_OK
 
 
+def stage_options(args: list[str]) -> tuple[argparse.Namespace, list[str]]:
+    """Split `[--name N] [--gpus L] [--nproc N] [--follow] ARGS...` at the first other word."""
+    parser = Parser(prog="eagle3-console HOST STAGE", add_help=False)
+    parser.add_argument("--name")
+    parser.add_argument("--gpus", type=gpu_list, default=[])
+    parser.add_argument("--nproc", type=int)
+    parser.add_argument("--follow", action="store_true")
+    own = {"--name": 2, "--gpus": 2, "--nproc": 2, "--follow": 1}
+    cut = 0
+    while cut < len(args) and args[cut].split("=", 1)[0] in own:
+        cut += 1 if "=" in args[cut] else own[args[cut]]
+    return parser.parse_args(args[:cut]), args[cut:]
+
+
+async def cmd_stage(client: AgentClient, ns: argparse.Namespace, args: list[str]) -> int:
+    opts, stage_args = stage_options(args)
+    if opts.nproc is not None and opts.nproc < 1:
+        raise UsageError("--nproc needs a number of processes, 1 or more")
+    result = await client.request(
+        "launch",
+        kind=ns.command,
+        argv=stage_args,
+        module=f"backends.{ns.command}",
+        nproc=opts.nproc,
+        name=opts.name or ns.command,
+        cwd=os.getcwd(),
+        gpus=opts.gpus,
+    )
+    code = report_launched(result, as_json=False)
+    if code != EXIT_OK or not opts.follow:
+        return code
+    return await follow_metrics(client, result["run"])
+
+
 COMMANDS: dict[str, Command] = {
+    "extract": cmd_stage,
+    "train": cmd_stage,
     "status": cmd_status,
     "launch": cmd_launch,
     "kill": cmd_kill,
@@ -302,13 +369,24 @@ async def run_command(ns: argparse.Namespace, argv: list[str]) -> int:
         await client.close()
 
 
+def split_stage(args: list[str]) -> tuple[list[str], list[str]] | None:
+    """`[--workdir W] HOST extract|train REST...`: REST belongs to the stage, not to argparse."""
+    i = 0
+    while i < len(args) and args[i].startswith("-"):
+        i += 2 if args[i] == "--workdir" else 1
+    if i + 1 < len(args) and args[i + 1] in STAGES:
+        return args[: i + 2], args[i + 2 :]
+    return None
+
+
 def main(args: list[str] | None = None) -> int:
-    options, argv = split_argv(sys.argv[1:] if args is None else args)
+    raw = sys.argv[1:] if args is None else args
+    options, argv = split_stage(raw) or split_argv(raw)
     try:
         ns = build_parser().parse_args(join_flag_values(options))
         if ns.command is None:
             raise UsageError("no COMMAND given; try 'status' (see 'eagle3-console --help')")
-        if argv and ns.command != "launch":
+        if argv and ns.command not in ("launch", *STAGES):
             raise UsageError(f"'--' and a command line only go with 'launch', not {ns.command!r}")
         return asyncio.run(run_command(ns, argv))
     except UsageError as exc:

@@ -140,3 +140,24 @@ def free_text(result: dict[str, Any]) -> str:
     if result["dry_run"]:
         lines.append("dry run: nothing was signalled; add --yes to do it")
     return "\n".join(lines)
+
+
+class LiveTable:
+    """Metric rows as aligned lines while they arrive; the header repeats when new columns appear."""
+
+    def __init__(self, min_width: int = 9) -> None:
+        self.columns: list[str] = []
+        self.min_width = min_width
+
+    def _line(self, cells: list[str]) -> str:
+        return "  ".join(c.rjust(max(self.min_width, len(name))) for c, name in zip(cells, self.columns, strict=True))
+
+    def lines(self, rows: list[dict[str, Any]]) -> list[str]:
+        out: list[str] = []
+        for row in rows:
+            new = [k for k in row if k not in self.columns]
+            if new or not self.columns:
+                self.columns += new
+                out.append(self._line(self.columns))
+            out.append(self._line([cell(row.get(c)) if c in row else "" for c in self.columns]))
+        return out
