@@ -204,6 +204,7 @@ OPS: dict[str, _ArgSpec] = {
         "stall_after": (_OPT_NUM, False, None),
         "module": (_OPT_STR, False, None),
         "nproc": (_OPT_INT, False, None),
+        "metrics_from": (_OPT_STR, False, None),
     },
     "kill": {
         "run": (_STR, True, None),

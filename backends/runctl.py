@@ -242,6 +242,7 @@ def checked_spec(args: dict[str, Any], cwd_default: str | None) -> RunSpec:
         gpus=list(args["gpus"]),
         health_url=args["health_url"],
         stall_after=args["stall_after"],
+        metrics_from=args["metrics_from"],
     )
     try:
         spec.validate()

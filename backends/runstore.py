@@ -6,6 +6,7 @@
         output.log     the child's stdout+stderr, byte-exact
         events.jsonl   launch, state changes, signals sent, exit
         metrics.jsonl  metric rows written by the run
+        metrics_source.json  how far the supervisor has turned another trainer's output into metric rows
         exit.json      how the child ended
         supervisor.log the supervisor's own errors, if any
 
@@ -36,6 +37,7 @@ PROC = "proc.json"
 OUTPUT = "output.log"
 EVENTS = "events.jsonl"
 METRICS = "metrics.jsonl"
+METRICS_SOURCE = "metrics_source.json"
 EXIT = "exit.json"
 SUPERVISOR_LOG = "supervisor.log"
 # A supervisor that has not recorded itself this long after launch never started.
@@ -75,6 +77,7 @@ class RunSpec:
     stall_after: float | None = None
     parent: str | None = None
     created_at: float = field(default_factory=time.time)
+    metrics_from: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -110,6 +113,21 @@ class RunSpec:
             raise SpecError("stall window must be positive seconds")
         if not _is_number(self.created_at):
             raise SpecError("created_at must be a time in seconds")
+        if self.metrics_from is not None:
+            self._validate_metrics_from()
+
+    def _validate_metrics_from(self) -> None:
+        # Imported here: metrics_sources imports this module.
+        from backends.metrics_sources import parse_source
+
+        if not isinstance(self.metrics_from, str):
+            raise SpecError("metrics_from must be a string or null")
+        if self.kind != "train":
+            raise SpecError(f"a metrics source goes with train runs, not {self.kind!r} runs")
+        try:
+            parse_source(self.metrics_from)
+        except ValueError as exc:
+            raise SpecError(str(exc)) from None
 
 
 def _is_int(value: object) -> bool:

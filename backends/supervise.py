@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 from backends import procinfo
+from backends.metrics_sources import MetricsFollower
 from backends.runstore import EXIT, METRICS, OUTPUT, PROC, SUPERVISOR_LOG, RunDir, SpecError, atomic_write_json
 
 # Set for every child so that its own code (and ours) can find the run.
@@ -82,7 +83,12 @@ def supervise(run: RunDir) -> int:
     write_proc(run, child=ident.to_json() if ident else None, child_started_at=time.time())
     run.append_event("spawned", pid=child.pid)
     run.append_event("state", state="running")
+    follower = MetricsFollower(run, spec.metrics_from, cwd=Path(cwd)) if spec.metrics_from else None
+    if follower is not None:
+        follower.start()
     code = child.wait()
+    if follower is not None:
+        follower.stop()  # the final drain: rows printed just before the exit are in before exit.json
     ended: dict[str, object] = {"code": code, "signal": None, "error": None, "ended_at": time.time()}
     if code < 0:
         ended.update(code=None, signal=signal.Signals(-code).name.removeprefix("SIG"))

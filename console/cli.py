@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, NoReturn
 
+from backends.metrics_sources import parse_source
 from backends.protocol import RUN_KINDS, SIGNAL_NAMES
 from console import render
 from console.client import AgentClient, AgentError
@@ -63,6 +64,13 @@ def positive(text: str) -> float:
     return value
 
 
+def metrics_source(text: str) -> str:
+    try:
+        return parse_source(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def build_parser() -> Parser:
     parser = Parser(
         prog="eagle3-console",
@@ -84,6 +92,13 @@ def build_parser() -> Parser:
     p.add_argument("--stall-after", type=positive, help="seconds of silence before the run counts as stalled")
     p.add_argument("--env", type=env_pair, action="append", default=[], help="NAME=VALUE for the run (repeatable)")
     p.add_argument("--cwd", help="working directory of the run (default: the current one)")
+    p.add_argument(
+        "--metrics-from",
+        type=metrics_source,
+        metavar="SOURCE",
+        help="where a train run's metrics come from: jsonl, specforge, speculators, eagle "
+        "or tensorboard:DIR (DIR relative to the run's --cwd)",
+    )
     p.add_argument("--json", action="store_true")
 
     p = sub.add_parser("kill", help="stop a run: SIGTERM, grace period, then SIGKILL")
@@ -194,6 +209,7 @@ async def cmd_launch(client: AgentClient, ns: argparse.Namespace, argv: list[str
         gpus=ns.gpus,
         health_url=ns.health_url,
         stall_after=ns.stall_after,
+        metrics_from=ns.metrics_from,
     )
     return report_launched(result, ns.json)
 

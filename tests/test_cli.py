@@ -343,3 +343,31 @@ def test_gpu_processes_are_attributed_to_their_run_and_freeing_them_kills_it(cli
     assert freed.returncode == 0 and b"freed 2048 MiB" in freed.stdout
     # The run lost its GPU process to our own action: killed, not failed.
     assert wait_state(cli, run_id, {"killed", "failed", "exited"})["state"] == "killed"
+
+
+def test_metrics_from_specforge_stdout_reach_the_metrics_command(cli: CLI) -> None:
+    script = (
+        'print(\'step 10: {"train/loss": 5.4, "train/acc_0": 0.03}\')\n'
+        'print(\'step 20: {"train/loss": 4.1, "train/acc_0": 0.21}\')\n'
+    )
+    run_id = launch(cli, "train", "--metrics-from", "specforge", "--", sys.executable, "-c", script)
+    wait_state(cli, run_id, {"exited"})
+    rows = [json.loads(line) for line in cli("metrics", run_id, "--json").stdout.splitlines()]
+    assert [(r["step"], r["loss"], r["acc_0"]) for r in rows] == [(10, 5.4, 0.03), (20, 4.1, 0.21)]
+    bad = cli("launch", "train", "--metrics-from", "wandb", "--", "true")
+    assert bad.returncode == 2 and b"specforge" in bad.stderr
+
+
+def test_metrics_follow_prints_a_live_table_until_the_run_ends(cli: CLI) -> None:
+    script = (
+        "import json, os, time\n"
+        "with open(os.environ['EAGLE3_METRICS_FILE'], 'a') as m:\n"
+        "    for step in range(1, 4):\n"
+        "        m.write(json.dumps({'step': step, 'loss': 6.0 - step}) + '\\n'); m.flush(); time.sleep(0.2)\n"
+    )
+    run_id = launch(cli, "train", "--", sys.executable, "-c", script)
+    result = cli("metrics", run_id, "--follow")
+    assert result.returncode == 0
+    lines = [line.split() for line in result.stdout.decode().splitlines()]
+    assert lines == [["step", "loss"], ["1", "5"], ["2", "4"], ["3", "3"]]
+    assert f"run {run_id} exited".encode() in result.stderr
