@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Any
 
 import backends
-from backends import protocol, runctl
+from backends import preflight, protocol, runctl
+from backends.convert import ConvertError, convert
 from backends.freegpus import FreePlan, free_gpus
 from backends.gpus import GpuSampler
 from backends.protocol import (
@@ -28,6 +29,7 @@ from backends.protocol import (
     PROTOCOL_VERSION,
     STREAMS,
     TERMINAL_STATES,
+    DoctorResult,
     GpuInfo,
     LogChunk,
     MetricsResult,
@@ -198,7 +200,7 @@ class Agent:
             reply_id = exc.request_id if exc.request_id is not None else request_id
             await self.send(protocol.error_reply(reply_id, exc.code, exc.message))
         except runctl.OpError as exc:
-            await self.send(protocol.error_reply(request_id, exc.code, exc.message))
+            await self.send(protocol.error_reply(request_id, exc.code, exc.message, exc.details))
         except RunNotFound as exc:
             await self.send(protocol.error_reply(request_id, "not_found", str(exc)))
         except StoreError as exc:
@@ -249,13 +251,49 @@ class Agent:
 
     async def op_launch(self, **args: Any) -> dict[str, Any]:
         spec = runctl.checked_spec(args, self.cwd)
-        return await asyncio.to_thread(runctl.launch, self.store, spec)
+        verdict = await asyncio.to_thread(runctl.gate, spec, args["force"])
+        return await asyncio.to_thread(runctl.launch, self.store, spec, verdict)
+
+    def _path(self, value: str, cwd: str | None) -> Path:
+        return Path(cwd or self.cwd) / Path(value).expanduser()
+
+    async def op_doctor(
+        self,
+        draft: str,
+        target: str | None,
+        data: str | None,
+        sglang_version: str | None,
+        context_length: int | None,
+        dry_load: bool,
+        cwd: str | None,
+    ) -> DoctorResult:
+        return await asyncio.to_thread(
+            preflight.full_diagnosis,
+            self._path(draft, cwd),
+            target=self._path(target, cwd) if target else None,
+            data=self._path(data, cwd) if data else None,
+            sglang_version=sglang_version,
+            context_length=context_length,
+            dry_load=dry_load,
+        )
+
+    async def op_preflight(self, kind: str, argv: list[Any], cwd: str | None) -> dict[str, Any]:
+        if not all(isinstance(a, str) for a in argv):
+            raise runctl.OpError("bad_args", "argv must be a list of strings")
+        verdict = await asyncio.to_thread(preflight.check_serve, kind, argv, cwd or self.cwd)
+        return {"doctor": verdict}
+
+    async def op_convert(self, src: str, dst: str, to: str, cwd: str | None) -> DoctorResult:
+        try:
+            return await asyncio.to_thread(convert, self._path(src, cwd), self._path(dst, cwd), to)
+        except ConvertError as exc:
+            raise runctl.OpError("convert_refused", f"convert refused: {exc}") from None
 
     async def op_kill(self, run: str, signal: str, grace: float) -> Any:
         return await asyncio.to_thread(runctl.kill, self.store.get(run), signal, grace)
 
-    async def op_relaunch(self, run: str, set: list[str], unset: list[str], grace: float) -> Any:
-        return await asyncio.to_thread(runctl.relaunch, self.store, run, set, unset, grace)
+    async def op_relaunch(self, run: str, set: list[str], unset: list[str], grace: float, force: bool) -> Any:
+        return await asyncio.to_thread(runctl.relaunch, self.store, run, set, unset, grace, force)
 
     async def op_free_gpus(self, gpus: list[int] | None, dry_run: bool, timeout: float, grace: float) -> Any:
         self._owners = runctl.owner_lookup(self.store)

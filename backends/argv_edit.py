@@ -32,6 +32,19 @@ def _find(argv: list[str], flag: str) -> list[tuple[int, int]]:
     return spans
 
 
+def flag_value(argv: list[str], flags: tuple[str, ...]) -> str | None:
+    """The value given last to any of `flags` (aliases of one option), as argparse would take it."""
+    found: list[tuple[int, str]] = []
+    tail = argv[1:]
+    for flag in flags:
+        for start, end in _find(tail, flag):
+            if "=" in tail[start]:
+                found.append((start, tail[start].split("=", 1)[1]))
+            elif end - start == 2:
+                found.append((start, tail[start + 1]))
+    return max(found)[1] if found else None
+
+
 def unset_flag(argv: list[str], flag: str) -> list[str]:
     """argv without any occurrence of `flag` (argv[0], the program, is never touched)."""
     _check_flag(flag)

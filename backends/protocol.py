@@ -154,9 +154,10 @@ class DoctorResult(TypedDict):
     warnings: int
 
 
-class ErrorBody(TypedDict):
+class ErrorBody(TypedDict, total=False):
     code: str
     message: str
+    details: Any  # e.g. the doctor findings that refused a launch
 
 
 @dataclass(frozen=True)
@@ -205,6 +206,7 @@ OPS: dict[str, _ArgSpec] = {
         "module": (_OPT_STR, False, None),
         "nproc": (_OPT_INT, False, None),
         "metrics_from": (_OPT_STR, False, None),
+        "force": (_BOOL, False, False),
     },
     "kill": {
         "run": (_STR, True, None),
@@ -216,6 +218,7 @@ OPS: dict[str, _ArgSpec] = {
         "set": (_LIST, False, []),
         "unset": (_LIST, False, []),
         "grace": (_NUM, False, 10.0),
+        "force": (_BOOL, False, False),
     },
     "free_gpus": {
         "gpus": (_OPT_LIST, False, None),
@@ -236,6 +239,22 @@ OPS: dict[str, _ArgSpec] = {
         "gpu_interval": (_OPT_NUM, False, None),
     },
     "unsubscribe": {"sub": (_INT, True, None)},
+    "doctor": {
+        "draft": (_STR, True, None),
+        "target": (_OPT_STR, False, None),
+        "data": (_OPT_STR, False, None),
+        "sglang_version": (_OPT_STR, False, None),
+        "context_length": (_OPT_INT, False, None),
+        "dry_load": (_BOOL, False, False),
+        "cwd": (_OPT_STR, False, None),
+    },
+    "preflight": {"kind": (_STR, True, None), "argv": (_LIST, True, None), "cwd": (_OPT_STR, False, None)},
+    "convert": {
+        "src": (_STR, True, None),
+        "dst": (_STR, True, None),
+        "to": (_STR, False, "sglang"),
+        "cwd": (_OPT_STR, False, None),
+    },
 }
 
 
@@ -298,8 +317,10 @@ def ok_reply(request_id: int | str, result: object) -> dict[str, Any]:
     return {"v": PROTOCOL_VERSION, "id": request_id, "ok": True, "result": result}
 
 
-def error_reply(request_id: int | str | None, code: str, message: str) -> dict[str, Any]:
+def error_reply(request_id: int | str | None, code: str, message: str, details: Any = None) -> dict[str, Any]:
     error: ErrorBody = {"code": code, "message": message}
+    if details is not None:
+        error["details"] = details
     return {"v": PROTOCOL_VERSION, "id": request_id, "ok": False, "error": error}
 
 

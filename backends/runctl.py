@@ -16,10 +16,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from backends import procinfo
+from backends import preflight, procinfo
 from backends.argv_edit import ArgvEditError, edit_argv
 from backends.masking import mask_argv, mask_env
-from backends.protocol import SIGNAL_NAMES, KilledProcess, KillResult
+from backends.protocol import SIGNAL_NAMES, DoctorResult, KilledProcess, KillResult
 from backends.runstore import RunDir, RunSpec, RunStore, StoreError
 
 PACKAGE_ROOT = Path(__file__).resolve().parent.parent
@@ -32,10 +32,25 @@ EXIT_RECORD_WAIT_S = 2.0
 class OpError(Exception):
     """An operation that cannot be done; the message says why and what to do."""
 
-    def __init__(self, code: str, message: str) -> None:
+    def __init__(self, code: str, message: str, details: Any = None) -> None:
         super().__init__(message)
         self.code = code
         self.message = message
+        self.details = details
+
+
+def gate(spec: RunSpec, force: bool) -> DoctorResult | None:
+    """doctor on the draft a serve command names; its errors refuse the launch unless forced."""
+    verdict = preflight.check_serve(spec.kind, spec.argv, spec.cwd)
+    if verdict is not None and verdict["errors"] and not force:
+        codes = sorted({f["code"] for f in verdict["findings"] if f["severity"] == "error"})
+        raise OpError(
+            "doctor_refused",
+            f"doctor found {verdict['errors']} error(s) in the draft ({', '.join(codes)}); "
+            "fix them, or launch with --force to start anyway",
+            details=verdict,
+        )
+    return verdict
 
 
 def start_supervisor(run: RunDir) -> None:
@@ -62,9 +77,15 @@ def wait_started(run: RunDir, timeout: float = LAUNCH_CONFIRM_S) -> None:
         time.sleep(POLL_S / 2)
 
 
-def launch(store: RunStore, spec: RunSpec) -> dict[str, Any]:
-    """Create the run, start its supervisor, and report its first state."""
+def launch(store: RunStore, spec: RunSpec, verdict: DoctorResult | None = None) -> dict[str, Any]:
+    """Create the run, start its supervisor, and report its first state.
+
+    `verdict` is the pre-launch doctor result (see `gate`); its findings are kept
+    in the run's events and returned.
+    """
     run = store.create(spec)
+    if verdict is not None:
+        run.append_event("doctor", errors=verdict["errors"], warnings=verdict["warnings"], findings=verdict["findings"])
     run.append_event(
         "launch",
         kind=spec.kind,
@@ -78,7 +99,7 @@ def launch(store: RunStore, spec: RunSpec) -> dict[str, Any]:
     start_supervisor(run)
     wait_started(run)
     info = run.info()
-    return {"run": run.id, "state": info["state"], "pid": info["pid"], "error": info["error"]}
+    return {"run": run.id, "state": info["state"], "pid": info["pid"], "error": info["error"], "doctor": verdict}
 
 
 def _run_processes(child: procinfo.ProcIdentity) -> dict[int, procinfo.ProcIdentity]:
@@ -165,11 +186,13 @@ def has_live_processes(run: RunDir) -> bool:
     return child is not None and bool(_run_processes(child))
 
 
-def relaunch(store: RunStore, ref: str, sets: list[str], unsets: list[str], grace: float) -> dict[str, Any]:
+def relaunch(
+    store: RunStore, ref: str, sets: list[str], unsets: list[str], grace: float, force: bool = False
+) -> dict[str, Any]:
     """Launch a copy of a run with flags set or removed, linked to it as parent.
 
-    A parent that is still alive is stopped first: both would want the same
-    GPUs and port.
+    The copy passes the pre-launch gate before anything else happens; then a
+    parent that is still alive is stopped: both would want the same GPUs and port.
     """
     parent = store.get(ref)
     spec = parent.spec()
@@ -179,9 +202,10 @@ def relaunch(store: RunStore, ref: str, sets: list[str], unsets: list[str], grac
         argv = edit_argv(spec.argv, sets, unsets)
     except ArgvEditError as exc:
         raise OpError("bad_args", str(exc)) from None
-    stopped = kill(parent, "TERM", grace) if has_live_processes(parent) else None
     child_spec = dataclasses.replace(spec, argv=argv, parent=parent.id, created_at=time.time())
-    result = launch(store, child_spec)
+    verdict = gate(child_spec, force)
+    stopped = kill(parent, "TERM", grace) if has_live_processes(parent) else None
+    result = launch(store, child_spec, verdict)
     result.update(parent=parent.id, argv=mask_argv(argv), stopped_parent=stopped)
     return result
 

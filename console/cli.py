@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, NoReturn
 
+from backends.doctor import format_result
 from backends.metrics_sources import parse_source
 from backends.protocol import RUN_KINDS, SIGNAL_NAMES
 from console import render
@@ -99,6 +100,7 @@ def build_parser() -> Parser:
         help="where a train run's metrics come from: jsonl, specforge, speculators, eagle "
         "or tensorboard:DIR (DIR relative to the run's --cwd)",
     )
+    p.add_argument("--force", action="store_true", help="launch even when doctor finds errors in the draft")
     p.add_argument("--json", action="store_true")
 
     p = sub.add_parser("kill", help="stop a run: SIGTERM, grace period, then SIGKILL")
@@ -112,6 +114,7 @@ def build_parser() -> Parser:
     p.add_argument("--set", dest="sets", action="append", default=[], metavar="FLAG[=VALUE]")
     p.add_argument("--unset", dest="unsets", action="append", default=[], metavar="FLAG")
     p.add_argument("--grace", type=positive, default=10.0)
+    p.add_argument("--force", action="store_true", help="relaunch even when doctor finds errors in the draft")
     p.add_argument("--json", action="store_true")
 
     p = sub.add_parser("free-gpus", help="kill your processes holding GPU memory")
@@ -131,6 +134,21 @@ def build_parser() -> Parser:
     p.add_argument("--json", action="store_true", help="one JSON object per line")
     p.add_argument("--tail", type=int, help="only the last N rows")
     p.add_argument("--follow", "-f", action="store_true", help="keep printing rows until the run ends")
+
+    p = sub.add_parser("doctor", help="check a draft against its target, data and SGLang, from files alone")
+    p.add_argument("draft", metavar="DRAFT", help="the draft folder (config.json + weights)")
+    p.add_argument("--target", help="the target model folder")
+    p.add_argument("--data", help="the extraction folder the draft was trained on")
+    p.add_argument("--sglang-version", help="the SGLang release that will serve (default: the host's)")
+    p.add_argument("--context-length", type=int, help="the --context-length the server will get")
+    p.add_argument("--dry-load", action="store_true", help="also feed the draft to the host SGLang's own loader")
+    p.add_argument("--json", action="store_true")
+
+    p = sub.add_parser("convert", help="convert a speculators or original-EAGLE draft to the SGLang layout")
+    p.add_argument("src", metavar="SRC")
+    p.add_argument("dst", metavar="DST")
+    p.add_argument("--to", choices=("sglang",), default="sglang")
+    p.add_argument("--json", action="store_true")
 
     for stage in STAGES:
         p = sub.add_parser(
@@ -210,12 +228,16 @@ async def cmd_launch(client: AgentClient, ns: argparse.Namespace, argv: list[str
         health_url=ns.health_url,
         stall_after=ns.stall_after,
         metrics_from=ns.metrics_from,
+        force=ns.force,
     )
     return report_launched(result, ns.json)
 
 
 def report_launched(result: dict[str, Any], as_json: bool) -> int:
     """Print a new run's id (or the whole reply as JSON); fail when it could not start."""
+    verdict = result.get("doctor")
+    if verdict and verdict["findings"] and not as_json:
+        print(format_result(verdict), file=sys.stderr)
     if as_json:
         dump(result)
     else:
@@ -238,7 +260,7 @@ async def cmd_kill(client: AgentClient, ns: argparse.Namespace, _: list[str]) ->
 async def cmd_relaunch(client: AgentClient, ns: argparse.Namespace, _: list[str]) -> int:
     sets = [as_flag(item) for item in ns.sets]
     unsets = [as_flag(item) for item in ns.unsets]
-    result = await client.request("relaunch", run=ns.run, set=sets, unset=unsets, grace=ns.grace)
+    result = await client.request("relaunch", run=ns.run, set=sets, unset=unsets, grace=ns.grace, force=ns.force)
     if result.get("stopped_parent") and not ns.json:
         out(render.kill_text(result["stopped_parent"]))
     return report_launched(result, ns.json)
@@ -363,7 +385,30 @@ async def cmd_stage(client: AgentClient, ns: argparse.Namespace, args: list[str]
     return await follow_metrics(client, result["run"])
 
 
+async def cmd_doctor(client: AgentClient, ns: argparse.Namespace, _: list[str]) -> int:
+    result = await client.request(
+        "doctor",
+        draft=ns.draft,
+        target=ns.target,
+        data=ns.data,
+        sglang_version=ns.sglang_version,
+        context_length=ns.context_length,
+        dry_load=ns.dry_load,
+        cwd=os.getcwd(),
+    )
+    dump(result) if ns.json else out(format_result(result))
+    return EXIT_FAILED if result["errors"] else EXIT_OK
+
+
+async def cmd_convert(client: AgentClient, ns: argparse.Namespace, _: list[str]) -> int:
+    result = await client.request("convert", src=ns.src, dst=ns.dst, to=ns.to, cwd=os.getcwd())
+    dump(result) if ns.json else out(f"wrote {ns.dst}\n" + format_result(result))
+    return EXIT_FAILED if result["errors"] else EXIT_OK
+
+
 COMMANDS: dict[str, Command] = {
+    "doctor": cmd_doctor,
+    "convert": cmd_convert,
     "extract": cmd_stage,
     "train": cmd_stage,
     "status": cmd_status,
@@ -409,6 +454,8 @@ def main(args: list[str] | None = None) -> int:
         print(f"eagle3-console: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except AgentError as exc:
+        if exc.code == "doctor_refused" and exc.details:
+            print(format_result(exc.details), file=sys.stderr)
         print(f"eagle3-console: {exc.message}", file=sys.stderr)
         return EXIT_USAGE if exc.code in ("bad_args", "unknown_op") else EXIT_FAILED
     except TransportError as exc:

@@ -21,10 +21,11 @@ from console.transport import Transport, TransportError
 class AgentError(Exception):
     """The agent refused a request; `code` is machine-readable, the message is for people."""
 
-    def __init__(self, code: str, message: str) -> None:
+    def __init__(self, code: str, message: str, details: Any = None) -> None:
         super().__init__(message)
         self.code = code
         self.message = message
+        self.details = details
 
 
 class Subscription:
@@ -147,4 +148,4 @@ class AgentClient:
             future.set_result(msg.get("result"))
         else:
             error = msg.get("error") or {}
-            future.set_exception(AgentError(str(error.get("code")), str(error.get("message"))))
+            future.set_exception(AgentError(str(error.get("code")), str(error.get("message")), error.get("details")))
