@@ -86,7 +86,7 @@ TOPICS: tuple[Topic, ...] = (
             "What goes well with {food}?",
         ),
         answers=(
-            "Boil {food} for about {minutes} minutes, then let it rest for a minute before serving.",
+            "Boil {food} for about {minutes} minutes, then drain and serve.",
             "Yes, you can cook {food} in the oven at 200 degrees for about {minutes} minutes.",
             "{food} goes well with {side}. Add a little salt and some fresh herbs.",
         ),

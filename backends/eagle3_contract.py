@@ -117,12 +117,13 @@ class Manifest:
         for name, value in ints.items():
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ContractError(f"manifest {name} must be a positive integer, not {value!r}")
+        # The last layer's output is never captured: SGLang would capture it at the
+        # input of a layer that does not exist, and HF hands it over already normed.
+        last = self.num_layers - 2
         if not self.aux_layer_ids or not all(
-            isinstance(i, int) and not isinstance(i, bool) and 0 <= i < self.num_layers for i in self.aux_layer_ids
+            isinstance(i, int) and not isinstance(i, bool) and 0 <= i <= last for i in self.aux_layer_ids
         ):
-            raise ContractError(
-                f"manifest aux_layer_ids {self.aux_layer_ids!r} must be layer ids within 0..{self.num_layers - 1}"
-            )
+            raise ContractError(f"manifest aux_layer_ids {self.aux_layer_ids!r} must be layer ids within 0..{last}")
 
 
 def read_manifest(directory: Path) -> Manifest:

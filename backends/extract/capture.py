@@ -1,0 +1,89 @@
+"""The target forward pass that produces the hidden states a draft trains on.
+
+`capture_batch` runs the target's base model (no lm_head: the trainer applies it
+to `hidden_state` itself) over a right-padded batch with
+`output_hidden_states=True` and returns, per sample, the final hidden state
+(`last_hidden_state`, after the final norm) and the aux layers concatenated in
+the order given. Aux id X is the output of layer X = HF `hidden_states[X + 1]`.
+The benchmark (`benchmarks.extract_throughput`) times this same function.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from backends.eagle3_contract import hf_hidden_state_index
+
+if TYPE_CHECKING:
+    import torch
+
+DTYPES = ("bfloat16", "float16", "float32")
+
+
+@dataclass
+class Captured:
+    """One sample's states, on the CPU: hidden [T, H], aux [T, len(aux_ids) * H]."""
+
+    hidden_state: torch.Tensor
+    aux_hidden_states: torch.Tensor
+
+
+def resolve_dtype(name: str, device: str) -> str:
+    """'auto' is bf16 on a GPU (as the target is served) and fp32 on the CPU (where bf16 matmuls are slow)."""
+    if name != "auto":
+        return name
+    return "float32" if device == "cpu" else "bfloat16"
+
+
+def load_target(path: Path, device: str, dtype: str) -> Any:
+    """The target as an eval-mode causal LM on `device`, in `dtype`."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model: Any = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype))
+    return model.to(device).eval()
+
+
+def capture_batch(model: Any, batch: list[list[int]], aux_ids: list[int], pad_id: int) -> list[Captured]:
+    """Hidden states for each token sequence of `batch` (any lengths; padded on the right here)."""
+    import torch
+
+    device = model.device
+    lengths = [len(ids) for ids in batch]
+    width = max(lengths)
+    input_ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
+    attention_mask = torch.zeros((len(batch), width), dtype=torch.long)
+    for row, ids in enumerate(batch):
+        input_ids[row, : len(ids)] = torch.tensor(ids, dtype=torch.long)
+        attention_mask[row, : len(ids)] = 1
+    with torch.inference_mode():
+        out = model.base_model(
+            input_ids=input_ids.to(device),
+            attention_mask=attention_mask.to(device),
+            output_hidden_states=True,
+            use_cache=False,
+        )
+        aux = torch.cat([out.hidden_states[hf_hidden_state_index(i)] for i in aux_ids], dim=-1)
+        # One transfer per tensor for the whole batch; per-sample slices are views of it.
+        hidden_cpu = to_host(out.last_hidden_state)
+        aux_cpu = to_host(aux)
+        if device.type == "cuda":
+            torch.cuda.current_stream(device).synchronize()
+    return [Captured(hidden_cpu[row, :n], aux_cpu[row, :n]) for row, n in enumerate(lengths)]
+
+
+def to_host(tensor: torch.Tensor) -> torch.Tensor:
+    """`tensor` on the CPU; from a GPU, copied into pinned memory without waiting (the caller synchronises).
+
+    Pinned blocks come from PyTorch's caching host allocator and are reused once a shard is written,
+    where a plain `.to("cpu")` would page-fault a fresh pageable buffer for every batch.
+    """
+    import torch
+
+    if tensor.device.type != "cuda":
+        return tensor.to("cpu")
+    host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
+    host.copy_(tensor, non_blocking=True)
+    return host

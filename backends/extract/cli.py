@@ -1,0 +1,392 @@
+"""`python -m backends.extract`: the command line, its checks, progress reporting, and the run from end to end.
+
+Exit codes: 0 done (or already complete), 1 the extraction failed (unusable
+data, a target that does not load, out of memory), 2 the command line cannot be
+followed (bad flags or paths, layer ids outside the target, an --out folder
+made with other settings, a backend that is not available). Expected failures
+print one `error: ...` line on stderr, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import importlib.util
+import itertools
+import os
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from backends.eagle3_contract import SHARD_PATTERN, ContractError, Manifest, default_aux_layers, write_shard
+from backends.extract import capture
+from backends.extract.data import DEMO, DataError, Dataset, load_dataset
+from backends.extract.output import (
+    OutputError,
+    Progress,
+    Settings,
+    ShardRecord,
+    finish,
+    open_output,
+    record_shard,
+    seal_shard,
+)
+from backends.extract.pipeline import Row, ShardJob, run_pipeline
+from backends.extract.template import ChatTokenizer, TemplateError, TokenizedChat
+from backends.runstore import append_jsonl
+from backends.supervise import ENV_METRICS_FILE
+
+NO_ASSISTANT_TOKEN = "no assistant token within --max-length"
+
+
+class UsageError(Exception):
+    """The command line cannot be followed (exit 2)."""
+
+
+class ExtractFailed(Exception):
+    """The extraction was attempted and failed (exit 1)."""
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} must be at least 1")
+    return value
+
+
+def layer_list(text: str) -> list[int]:
+    try:
+        ids = [int(part) for part in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of layer ids, like 1,5,8") from None
+    return ids
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m backends.extract",
+        description="Run a target model over chats and save the hidden states an EAGLE-3 draft trains on.",
+    )
+    parser.add_argument("--target", type=Path, required=True, help="Hugging Face model folder of the target")
+    parser.add_argument("--data", required=True, help="JSONL of chats ({'messages'} or {'prompt','response'}), or demo")
+    parser.add_argument("--out", type=Path, required=True, help="output folder (resumed when it holds a partial run)")
+    parser.add_argument(
+        "--layers",
+        type=layer_list,
+        help="aux layer ids, 'output of layer X (0-based)', increasing (default: 1, L//2-1, L-4)",
+    )
+    parser.add_argument("--max-length", type=positive_int, default=2048, help="tokens per chat, truncated beyond")
+    parser.add_argument("--backend", choices=("hf", "sglang"), default="hf")
+    parser.add_argument(
+        "--dtype", choices=("auto", *capture.DTYPES), default="auto", help="auto: bfloat16 on a GPU, float32 on CPU"
+    )
+    parser.add_argument("--device", help="cpu, cuda or cuda:N (default: cuda when available)")
+    parser.add_argument("--shard-size", type=positive_int, default=64, help="chats per shard")
+    parser.add_argument("--batch-tokens", type=positive_int, default=16384, help="padded tokens per forward pass")
+    parser.add_argument(
+        "--writers",
+        type=positive_int,
+        default=2,
+        help="threads saving shards while the target runs (each holds one shard in host memory)",
+    )
+    parser.add_argument("--limit", type=positive_int, help="use only the first N usable chats")
+    parser.add_argument("--chat-template", type=Path, help="jinja chat template file (default: the tokenizer's)")
+    return parser
+
+
+@dataclass
+class Target:
+    """What the extraction needs to know about the target before loading its weights."""
+
+    path: Path
+    architecture: str
+    num_layers: int
+    hidden_size: int
+    vocab_size: int
+    config_sha256: str
+
+
+def read_target(path: Path) -> Target:
+    if not path.is_dir():
+        raise UsageError(f"--target {path}: no such folder")
+    config_path = path / "config.json"
+    if not config_path.is_file():
+        raise UsageError(f"--target {path} has no config.json; give a Hugging Face model folder")
+    from transformers import AutoConfig
+
+    try:
+        config = AutoConfig.from_pretrained(path)
+    except (OSError, ValueError, KeyError) as exc:
+        raise ExtractFailed(f"cannot read {config_path}: {exc}") from None
+    text = config.get_text_config()
+    architectures = getattr(config, "architectures", None) or [type(config).__name__]
+    return Target(
+        path=path.resolve(),
+        architecture=str(architectures[0]),
+        num_layers=int(text.num_hidden_layers),
+        hidden_size=int(text.hidden_size),
+        vocab_size=int(text.vocab_size),
+        config_sha256=hashlib.sha256(config_path.read_bytes()).hexdigest(),
+    )
+
+
+def choose_layers(requested: list[int] | None, num_layers: int) -> list[int]:
+    """The aux ids to capture: the default set, or `requested` checked against the target."""
+    if requested is None:
+        try:
+            return default_aux_layers(num_layers)
+        except ContractError as exc:
+            raise UsageError(f"{exc}; pass --layers") from None
+    last = num_layers - 2
+    bad = [i for i in requested if not 0 <= i <= last]
+    if bad:
+        raise UsageError(
+            f"--layers {','.join(map(str, bad))}: the target has {num_layers} layers, so aux ids run 0..{last} "
+            f"(id X is the output of layer X; the last layer's output exists only after the final norm)"
+        )
+    if any(b <= a for a, b in itertools.pairwise(requested)):
+        raise UsageError("--layers must be increasing: SGLang concatenates the captured layers in layer order")
+    return requested
+
+
+def check_backend(backend: str) -> None:
+    if backend != "sglang":
+        return
+    if importlib.util.find_spec("sglang") is None:
+        raise UsageError("--backend sglang: sglang is not importable in this Python; use --backend hf")
+    raise UsageError(
+        "--backend sglang is not available: SGLang's documented Engine API returns only the final hidden state, "
+        "not the aux layers; use --backend hf"
+    )
+
+
+def choose_device(requested: str | None) -> str:
+    import torch
+
+    if requested is None:
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if requested.startswith("cuda") and not torch.cuda.is_available():
+        raise UsageError(f"--device {requested}: no CUDA device is visible to this process")
+    if requested != "cpu" and not requested.startswith("cuda"):
+        raise UsageError(f"--device {requested}: use cpu, cuda or cuda:N")
+    return requested
+
+
+def load_chat_tokenizer(target: Path, template_file: Path | None) -> ChatTokenizer:
+    from transformers import AutoTokenizer
+
+    template = None
+    if template_file is not None:
+        try:
+            template = template_file.read_text()
+        except OSError as exc:
+            raise UsageError(f"--chat-template {template_file}: {exc.strerror or exc}") from None
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(target)
+    except (OSError, ValueError) as exc:
+        raise ExtractFailed(f"cannot load the tokenizer of {target}: {exc}") from None
+    try:
+        return ChatTokenizer(tokenizer, template)
+    except TemplateError as exc:
+        raise UsageError(str(exc)) from None
+
+
+class Reporter:
+    """Progress for people (stdout) and for the run engine (metric rows in $EAGLE3_METRICS_FILE)."""
+
+    def __init__(self, progress: Progress, shard_size: int) -> None:
+        self.progress = progress
+        self.total_shards = -(-progress.chats // shard_size)
+        self.started = time.monotonic()
+        self.first_chat = progress.next_chat
+        self.tokens = 0
+        self.metrics_file = os.environ.get(ENV_METRICS_FILE) or None
+
+    def shard_done(self, shard: ShardRecord) -> None:
+        self.tokens += shard.tokens
+        elapsed = max(time.monotonic() - self.started, 1e-9)
+        done = shard.end_chat - self.first_chat
+        eta = (self.progress.chats - shard.end_chat) * elapsed / max(done, 1)
+        rate = self.tokens / elapsed
+        row = {
+            "stage": "extract",
+            "samples": self.progress.samples,
+            "tokens": self.progress.tokens,
+            "tokens_per_s": round(rate, 1),
+            "eta_s": round(eta, 1),
+            "shard": shard.index,
+        }
+        if self.metrics_file:
+            append_jsonl(Path(self.metrics_file), row)
+        print(
+            f"shard {shard.index + 1}/{self.total_shards}: {shard.samples} samples, {shard.tokens:,} tokens"
+            f" | total {self.progress.samples:,} samples, {self.progress.tokens:,} tokens"
+            f" | {rate:,.0f} tokens/s | ETA {format_seconds(eta)}",
+            flush=True,
+        )
+
+
+def format_seconds(seconds: float) -> str:
+    minutes, secs = divmod(int(seconds + 0.5), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d}"
+
+
+def tokenize_chats(
+    chat_tokenizer: ChatTokenizer, chats: list[list[dict[str, str]]], max_length: int
+) -> tuple[list[TokenizedChat], dict[str, int]]:
+    """The chats that keep at least one assistant token, and counts of the others by reason."""
+    kept: list[TokenizedChat] = []
+    dropped: dict[str, int] = {}
+    for chat in chats:
+        try:
+            sample = chat_tokenizer.tokenize(chat, max_length)
+        except TemplateError as exc:
+            reason = str(exc).splitlines()[0]
+            dropped[reason] = dropped.get(reason, 0) + 1
+            continue
+        if not any(sample.loss_mask):
+            dropped[NO_ASSISTANT_TOKEN] = dropped.get(NO_ASSISTANT_TOKEN, 0) + 1
+            continue
+        kept.append(sample)
+    return kept, dropped
+
+
+def shard_jobs(chat_tokenizer: ChatTokenizer, dataset: Dataset, progress: Progress) -> Iterator[ShardJob]:
+    """The shards still to extract, tokenised as they are reached."""
+    settings = progress.settings
+    for start in range(progress.next_chat, len(dataset.chats), settings.shard_size):
+        end = min(start + settings.shard_size, len(dataset.chats))
+        samples, dropped = tokenize_chats(chat_tokenizer, dataset.chats[start:end], settings.max_length)
+        yield ShardJob(start // settings.shard_size, start, end, samples, dropped)
+
+
+def run_shards(
+    model: Any,
+    chat_tokenizer: ChatTokenizer,
+    dataset: Dataset,
+    progress: Progress,
+    out: Path,
+    args: argparse.Namespace,
+) -> None:
+    import torch
+
+    reporter = Reporter(progress, progress.settings.shard_size)
+
+    def save(job: ShardJob, rows: list[Row]) -> ShardRecord:
+        file = write_shard(out / SHARD_PATTERN.format(index=job.index), rows).file if rows else None
+        shard = ShardRecord(
+            index=job.index,
+            file=file,
+            first_chat=job.first_chat,
+            end_chat=job.end_chat,
+            samples=len(rows),
+            tokens=sum(len(s.input_ids) for s in job.samples),
+            dropped=job.dropped,
+        )
+        return seal_shard(out, shard)
+
+    def record(shard: ShardRecord) -> None:
+        record_shard(out, progress, shard)
+        reporter.shard_done(shard)
+
+    tokenizer = chat_tokenizer.tokenizer
+    pad_id = next(i for i in (tokenizer.pad_token_id, tokenizer.eos_token_id, 0) if i is not None)
+    jobs = shard_jobs(chat_tokenizer, dataset, progress)
+    aux_ids = progress.settings.aux_layer_ids
+    try:
+        run_pipeline(model, jobs, aux_ids, pad_id, args.batch_tokens, save, record, args.writers)
+    except torch.OutOfMemoryError:
+        raise ExtractFailed(f"out of memory with --batch-tokens {args.batch_tokens}; lower it") from None
+
+
+def run(args: argparse.Namespace) -> int:
+    check_backend(args.backend)
+    target = read_target(args.target)
+    if args.data != DEMO and not Path(args.data).is_file():
+        raise UsageError(f"--data {args.data}: no such file (give a JSONL file, or demo for the built-in corpus)")
+    aux_ids = choose_layers(args.layers, target.num_layers)
+    if len(aux_ids) != 3:
+        print(f"note: {len(aux_ids)} aux layers; SGLang 0.5.5 serves drafts with exactly 3", file=sys.stderr)
+    device = choose_device(args.device)
+    dtype = capture.resolve_dtype(args.dtype, device)
+    chat_tokenizer = load_chat_tokenizer(target.path, args.chat_template)
+    dataset = load_dataset(args.data, args.limit)
+    print(f"data: {len(dataset.chats)} chats from {dataset.source}")
+    if dataset.skipped:
+        print(f"data: {dataset.skip_summary()}")
+    settings = Settings(
+        target=str(target.path),
+        target_config_sha256=target.config_sha256,
+        aux_layer_ids=aux_ids,
+        max_length=args.max_length,
+        data=DEMO if args.data == DEMO else str(Path(args.data).resolve()),
+        data_sha256=dataset.sha256,
+        limit=args.limit,
+        dtype=dtype,
+        shard_size=args.shard_size,
+        backend=args.backend,
+        chat_template_sha256=hashlib.sha256(chat_tokenizer.template.encode()).hexdigest(),
+    )
+    try:
+        progress, notes = open_output(args.out, settings, len(dataset.chats))
+    except OutputError as exc:
+        raise UsageError(str(exc)) from None
+    progress.skipped_lines = {reason: len(lines) for reason, lines in dataset.skipped.items()}
+    for note in notes:
+        print(f"resume: {note}")
+    if progress.complete:
+        print(f"{args.out} is already complete: {progress.samples} samples, {progress.tokens:,} tokens")
+        return 0
+    if progress.shards:
+        print(f"resume: {len(progress.shards)} finished shards kept, from chat {progress.next_chat}")
+    print(f"target: {target.architecture}, {target.num_layers} layers, aux ids {aux_ids}, {dtype} on {device}")
+    try:
+        model = capture.load_target(target.path, device, dtype)
+    except (OSError, ValueError, RuntimeError) as exc:
+        raise ExtractFailed(f"cannot load the target from {target.path}: {exc}") from None
+    run_shards(model, chat_tokenizer, dataset, progress, args.out, args)
+    dropped = progress.dropped()
+    if dropped:
+        print("dropped: " + ", ".join(f"{count} {reason}" for reason, count in dropped.items()))
+    if not progress.samples:
+        raise ExtractFailed(f"no chat kept any assistant token (--max-length {args.max_length}); nothing to train on")
+    manifest = finish(
+        args.out,
+        progress,
+        Manifest(
+            target_path=str(target.path),
+            architecture=target.architecture,
+            num_layers=target.num_layers,
+            hidden_size=target.hidden_size,
+            vocab_size=target.vocab_size,
+            dtype=dtype,
+            aux_layer_ids=aux_ids,
+            tokenizer=str(target.path),
+            chat_template=chat_tokenizer.template,
+            max_length=args.max_length,
+        ),
+    )
+    print(
+        f"done: {manifest.samples} samples, {manifest.tokens:,} tokens in {len(manifest.shards)} shards; "
+        f"manifest {args.out / 'manifest.json'} (content hash {manifest.content_hash[:12]})"
+    )
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return run(args)
+    except UsageError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except (ExtractFailed, DataError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1

@@ -1,0 +1,95 @@
+"""Chats to token ids, with a loss mask over the assistant's tokens.
+
+The chat is rendered once with the target's chat template and tokenised with
+character offsets. Each assistant turn's characters are found by rendering the
+template over message prefixes: the turn starts where the rendering of the
+messages before it with the generation prompt ends, and ends where the
+rendering up to and including it ends (so the end-of-turn token is part of the
+turn, since the draft must learn to predict it too). This needs no
+`{% generation %}` markers in the template. For templates that rewrite earlier
+turns (a prefix rendering that is not a prefix of the whole chat), the turn's
+text is searched for instead. Tokens that overlap an assistant span get mask 1.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+Message = dict[str, str]
+
+
+class TemplateError(Exception):
+    """A chat the template cannot render, or whose assistant turns cannot be located."""
+
+
+@dataclass
+class TokenizedChat:
+    input_ids: list[int]
+    loss_mask: list[int]
+
+
+class ChatTokenizer:
+    """The target's tokenizer with the chat template used for this extraction."""
+
+    def __init__(self, tokenizer: Any, chat_template: str | None = None) -> None:
+        if not getattr(tokenizer, "is_fast", False):
+            raise TemplateError("the target's tokenizer has no fast (Rust) version, which the loss mask needs")
+        template = chat_template or getattr(tokenizer, "chat_template", None)
+        if not isinstance(template, str) or not template:
+            raise TemplateError("the target's tokenizer has no chat template; pass one with --chat-template FILE")
+        self.tokenizer = tokenizer
+        self.template: str = template
+
+    def render(self, messages: list[Message], generation_prompt: bool = False) -> str:
+        try:
+            text = self.tokenizer.apply_chat_template(
+                messages, tokenize=False, add_generation_prompt=generation_prompt, chat_template=self.template
+            )
+        except Exception as exc:  # jinja raises whatever the template raises
+            raise TemplateError(f"chat template error: {exc}") from None
+        return str(text)
+
+    def assistant_spans(self, messages: list[Message]) -> tuple[str, list[tuple[int, int]]]:
+        """The rendered chat and the character span of each assistant turn, in order."""
+        full = self.render(messages)
+        spans: list[tuple[int, int]] = []
+        cursor = 0
+        for index, message in enumerate(messages):
+            if message["role"] != "assistant":
+                continue
+            span = self._span_by_prefix(messages, index, full, cursor) or _span_by_search(
+                full, message["content"], cursor
+            )
+            if span is None:
+                raise TemplateError(f"assistant turn {index + 1} cannot be found in the rendered chat")
+            spans.append(span)
+            cursor = span[1]
+        return full, spans
+
+    def _span_by_prefix(self, messages: list[Message], index: int, full: str, cursor: int) -> tuple[int, int] | None:
+        if index == 0:
+            return None  # Templates refuse an empty conversation, so there is no "before".
+        try:
+            before = self.render(messages[:index], generation_prompt=True)
+            upto = self.render(messages[: index + 1])
+        except TemplateError:
+            return None
+        if not (upto.startswith(before) and full.startswith(upto)) or not cursor <= len(before) < len(upto):
+            return None
+        return len(before), len(upto)
+
+    def tokenize(self, messages: list[Message], max_length: int) -> TokenizedChat:
+        """Token ids and loss mask of one chat, truncated to `max_length` tokens."""
+        text, spans = self.assistant_spans(messages)
+        encoded = self.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+        ids: list[int] = list(encoded["input_ids"])[:max_length]
+        offsets: list[tuple[int, int]] = list(encoded["offset_mapping"])[:max_length]
+        mask = [int(any(a < end and b > start for start, end in spans)) for a, b in offsets]
+        return TokenizedChat(input_ids=ids, loss_mask=mask)
+
+
+def _span_by_search(full: str, content: str, cursor: int) -> tuple[int, int] | None:
+    needle = content.strip()
+    start = full.find(needle, cursor) if needle else -1
+    return None if start < 0 else (start, start + len(needle))
