@@ -239,6 +239,10 @@ def test_defaults_are_filled() -> None:
         "gpus": [],
         "health_url": None,
         "stall_after": None,
+        "module": None,
+        "nproc": None,
+        "metrics_from": None,
+        "force": False,
     }
 
 
