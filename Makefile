@@ -5,6 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 DEMO_WORKDIR ?= .demo
 CONSOLE := $(PY) -m console --workdir $(DEMO_WORKDIR) local
+DEMO_TRAIN_ARGS ?= --steps 400 --batch-size 8 --lr 3e-3 --log-every 20 --eval-every 100 --draft-vocab-size 512
 
 .PHONY: demo test lint typecheck unit clean
 
@@ -14,13 +15,20 @@ $(VENV)/.installed: pyproject.toml constraints-test.txt
 	$(PY) -m pip install -q -c constraints-test.txt -e '.[host,test]'
 	touch $@
 
+# The demo target is random (no download); extraction and training run as runs of the run engine.
 demo: $(VENV)/.installed
-	@echo "== launching a short training-like run on the local host"
-	$(CONSOLE) launch command --name demo -- $(PY) -m backends.demo_job
-	$(CONSOLE) logs demo --follow
-	@echo
+	rm -rf $(DEMO_WORKDIR)
+	@echo "== building the tiny random demo target"
+	$(PY) -m backends.demo_target --out $(DEMO_WORKDIR)/target
+	@echo "== extracting its hidden states over the built-in corpus (a run: progress rows below)"
+	$(CONSOLE) extract --name demo-extract --follow --target $(DEMO_WORKDIR)/target --data demo \
+		--out $(DEMO_WORKDIR)/hidden
+	@echo "== training an EAGLE-3 draft on them (a run: loss and accuracy rows as they arrive)"
+	$(CONSOLE) train --name demo-train --follow --data $(DEMO_WORKDIR)/hidden --target $(DEMO_WORKDIR)/target \
+		--out $(DEMO_WORKDIR)/draft $(DEMO_TRAIN_ARGS)
+	@echo "== checking the trained draft before it would be served"
+	$(CONSOLE) doctor $(DEMO_WORKDIR)/draft/final --target $(DEMO_WORKDIR)/target --data $(DEMO_WORKDIR)/hidden
 	$(CONSOLE) status
-	$(CONSOLE) metrics demo --tail 5
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check .

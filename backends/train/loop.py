@@ -1,0 +1,269 @@
+"""One training run: set up from the data, the target and OUT (or its latest
+checkpoint with --resume), then step, log, evaluate and save until --steps."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from backends.eagle3_contract import Manifest, read_manifest
+from backends.train import checkpoint, distributed
+from backends.train.config import DraftConfig, check_draft, check_target
+from backends.train.data import (
+    Layout,
+    ShardReader,
+    Split,
+    background,
+    default_val_samples,
+    split_samples,
+    train_batches,
+    val_batches,
+)
+from backends.train.errors import TrainError, TrainingFailed
+from backends.train.metrics import MetricsWriter, eval_line, plateaued, train_line
+from backends.train.model import Eagle3Draft
+from backends.train.options import TrainOptions
+from backends.train.target import TargetConfig, Teacher, load_target_matrices, read_target_config
+from backends.train.trainer import Trainer, build_draft
+from backends.train.vocab import VocabMap, build_vocab_map, token_frequencies
+
+# On GPU, sequence lengths are padded to the flex-attention block size, which
+# also bounds how many shapes torch.compile sees: each padded length compiles
+# once (about 40 s for an 8B-shaped draft on an H200). --pad-multiple trades
+# padding for fewer compilations.
+GPU_PAD_MULTIPLE = 128
+
+
+def draft_config_for(
+    options: TrainOptions, manifest: Manifest, resume_from: Path | None, target_cfg: TargetConfig
+) -> DraftConfig:
+    if resume_from is not None:
+        config = DraftConfig.from_json(checkpoint.read_config(resume_from), manifest)
+    elif options.draft_config is not None:
+        try:
+            raw = json.loads(options.draft_config.read_text())
+        except (OSError, ValueError) as exc:
+            raise TrainError(f"--draft-config {options.draft_config} cannot be read as JSON: {exc}") from None
+        if not isinstance(raw, dict):
+            raise TrainError(f"--draft-config {options.draft_config} is not a JSON object")
+        config = DraftConfig.from_json(raw, manifest)
+    else:
+        config = DraftConfig.from_target(target_cfg, manifest, options.draft_vocab_size)
+    check_draft(config, manifest)
+    return config
+
+
+@dataclass
+class Run:
+    """Everything set up for a run, before the first step."""
+
+    options: TrainOptions
+    ctx: distributed.Dist
+    manifest: Manifest
+    split: Split
+    reader: ShardReader
+    trainer: Trainer
+    vocab: VocabMap
+    resumed_from: Path | None
+
+    @property
+    def layout(self) -> Layout:
+        pad = self.options.pad_multiple or (GPU_PAD_MULTIPLE if self.ctx.device.type == "cuda" else 1)
+        return Layout(self.options.batch_size, self.ctx.world, self.ctx.rank, pad, self.options.max_length)
+
+
+def prepare(options: TrainOptions, ctx: distributed.Dist) -> Run:
+    """Read and check everything; build the draft, optimizer and schedule (restored with --resume)."""
+    options.validate()
+    manifest = read_manifest(options.data)
+    target_cfg = read_target_config(options.target)
+    check_target(manifest, target_cfg)
+    latest = checkpoint.latest_checkpoint(options.out)
+    if latest is not None and not options.resume:
+        raise TrainError(f"{latest} already exists: pass --resume to continue that run, or choose another --out")
+    config = draft_config_for(options, manifest, latest, target_cfg)
+    total_samples = sum(s.samples for s in manifest.shards)
+    if total_samples < 2:
+        raise TrainError(f"the data holds {total_samples} sample(s); training needs at least 2")
+    val = options.val_samples if options.val_samples is not None else default_val_samples(total_samples)
+    split = split_samples(manifest, val)
+    global_batch = options.batch_size * ctx.world
+    if split.train_samples < global_batch:
+        raise TrainError(
+            f"{split.train_samples} training samples cannot fill one batch of {global_batch} "
+            f"(--batch-size {options.batch_size} x {ctx.world} processes)"
+        )
+    reader = ShardReader(options.data, manifest)
+    total_steps = options.steps or options.epochs * (split.train_samples // global_batch)
+    embed, lm_head = load_target_matrices(options.target, target_cfg)
+    compute_dtype = torch.bfloat16 if ctx.device.type == "cuda" else torch.float32
+    if latest is not None:
+        weights = checkpoint.load_weights(latest)
+        vocab = VocabMap(d2t=weights["d2t"], t2d=weights["t2d"].bool(), distinct=None)
+        draft = Eagle3Draft(config, embed_dtype=compute_dtype)
+        draft.load_state_dict({**weights, "embed_tokens.weight": embed.to(compute_dtype)}, strict=True)
+    else:
+        counts = token_frequencies(reader.token_streams(split.train), manifest.vocab_size)
+        vocab = build_vocab_map(counts, config.draft_vocab_size)
+        draft = build_draft(config, embed.to(compute_dtype), lm_head, vocab, compute_dtype, options.seed)
+    trainable = sum(p.numel() for p in draft.parameters() if p.requires_grad)
+    fsdp = distributed.use_fsdp(options.fsdp, ctx.world, trainable)
+    teacher = Teacher(lm_head.to(ctx.device, compute_dtype), vocab.draft_ids, vocab.t2d)
+    trainer = Trainer(draft, teacher, ctx, options, total_steps, fsdp=fsdp)
+    if latest is not None:
+        trainer.restore(checkpoint.load_training_state(latest))
+    return Run(options, ctx, manifest, split, reader, trainer, vocab, latest)
+
+
+def describe(run: Run) -> str:
+    t, o, cfg = run.trainer, run.options, run.trainer.config
+    trainable = sum(p.numel() for p in t.params)
+    start = f"resuming {run.resumed_from} at step {t.progress.step}" if run.resumed_from else "starting at step 0"
+    seen = f" ({run.vocab.distinct} distinct loss tokens in the data)" if run.vocab.distinct is not None else ""
+    return (
+        f"eagle3 train: {run.split.train_samples} train / {run.split.val_samples} val samples "
+        f"({len(run.manifest.shards)} shards), aux layers {list(cfg.aux_layer_ids)}, "
+        f"draft vocab {cfg.draft_vocab_size}{seen}, "
+        f"{trainable:,} trainable parameters; {t.total_steps} steps x batch {o.batch_size} x "
+        f"{run.ctx.world} process(es) on {run.ctx.device}, TTT {o.ttt}, attention {t.attention}, "
+        f"compile {'on' if t.compiled else 'off'}; {start}"
+    )
+
+
+class Logger:
+    """Averages the step stats over a log window and writes rows (main process only)."""
+
+    def __init__(self, run: Run) -> None:
+        self.run = run
+        self.writer = MetricsWriter(run.options.out) if run.ctx.main else None
+        self.reset()
+
+    def reset(self) -> None:
+        self.sums: torch.Tensor | None = None
+        self.steps = 0
+        self.tokens = 0
+        self.lr = 0.0
+        self.started = time.perf_counter()
+        self.excluded = 0.0
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """Time spent inside (evaluation, saving) does not count against tokens/s."""
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.excluded += time.perf_counter() - started
+
+    def add(self, stats: torch.Tensor, tokens: int, lr: float) -> None:
+        self.sums = stats if self.sums is None else self.sums + stats
+        self.steps += 1
+        self.tokens += tokens
+        self.lr += lr
+
+    def emit(self, step: int, epoch: int) -> None:
+        if self.sums is None:
+            return
+        k = self.run.options.ttt
+        packed = torch.cat([self.sums, torch.tensor([float(self.tokens)], device=self.sums.device)])
+        totals = distributed.all_reduce_sum(packed).cpu()
+        mean = (totals / (self.steps * self.run.ctx.world)).tolist()
+        correct, counted = totals[1 + k : 1 + 2 * k], totals[1 + 2 * k : 1 + 3 * k]
+        acc = (correct / counted.clamp_min(1)).tolist()
+        elapsed = max(time.perf_counter() - self.started - self.excluded, 1e-9)
+        if not math.isfinite(mean[0]):
+            raise TrainingFailed(f"the loss became {mean[0]} by step {step}: lower --lr, or check the data")
+        row: dict[str, Any] = {"step": step, "epoch": epoch, "loss": mean[0]}
+        row.update({f"ploss_{i}": mean[1 + i] for i in range(k)})
+        row.update({f"acc_{i}": acc[i] for i in range(k)})
+        row.update(
+            {"lr": self.lr / self.steps, "grad_norm": mean[1 + 3 * k], "tokens_per_s": float(totals[-1]) / elapsed}
+        )
+        self.write(row, train_line(row, self.run.trainer.total_steps, k))
+        self.reset()
+
+    def write(self, row: dict[str, Any], line: str) -> None:
+        if self.writer is not None:
+            self.writer.write(row)
+            print(line, flush=True)
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+
+
+def evaluate(run: Run, logger: Logger) -> None:
+    if run.split.val_samples == 0:
+        return
+    t = run.trainer
+    row: dict[str, Any] = {"step": t.progress.step, "epoch": t.progress.epoch}
+    row.update(t.evaluate(background(val_batches(run.reader, run.split, run.layout))))
+    t.progress.val_history.append(row["val_loss"])
+    row["plateau"] = plateaued(t.progress.val_history, run.options.plateau_evals)
+    logger.write(row, eval_line(row, run.options.ttt))
+
+
+def save(run: Run, name: str) -> None:
+    path = run.trainer.save(run.options.out, name)
+    if run.ctx.main:
+        print(f"saved {path} (step {run.trainer.progress.step})", flush=True)
+
+
+def train(run: Run) -> None:
+    t, o, p = run.trainer, run.options, run.trainer.progress
+    if run.ctx.main:
+        print(describe(run), flush=True)
+    if p.step >= t.total_steps:
+        if run.ctx.main:
+            print(f"nothing to do: {run.resumed_from} is at step {p.step}, --steps is {t.total_steps}", flush=True)
+        return
+    logger = Logger(run)
+    layout = run.layout
+    try:
+        while p.step < t.total_steps:
+            batches = background(train_batches(run.reader, run.split, layout, p.epoch, o.seed, p.samples_in_epoch))
+            with contextlib.closing(batches):
+                for batch in batches:
+                    lr = t.optimizer.param_groups[0]["lr"]
+                    stats = t.train_step(batch)
+                    p.step += 1
+                    p.samples_in_epoch += layout.global_batch
+                    logger.add(stats, batch.tokens, lr)
+                    if p.step % o.log_every == 0 or p.step == t.total_steps:
+                        logger.emit(p.step, p.epoch)
+                    if o.eval_every and p.step % o.eval_every == 0:
+                        with logger.paused():
+                            evaluate(run, logger)
+                    if o.save_every and p.step % o.save_every == 0:
+                        with logger.paused():
+                            save(run, checkpoint.step_name(p.step))
+                    if p.step >= t.total_steps:
+                        break
+                else:
+                    p.epoch += 1
+                    p.samples_in_epoch = 0
+        if not (o.eval_every and p.step % o.eval_every == 0):
+            evaluate(run, logger)
+        save(run, checkpoint.FINAL)
+    finally:
+        logger.close()
+
+
+def run_training(options: TrainOptions) -> None:
+    ctx = distributed.init()
+    try:
+        train(prepare(options, ctx))
+    except torch.OutOfMemoryError:
+        raise TrainingFailed(
+            "out of GPU memory: lower --batch-size or --max-length (or use more GPUs through torchrun)"
+        ) from None
+    finally:
+        distributed.shutdown()

@@ -1,0 +1,175 @@
+"""The target model, read without instantiating it.
+
+The trainer needs three things from the target: its config (the draft's shape
+and RoPE come from it), its input embedding (copied into the draft, frozen) and
+its `lm_head` (the teacher: target logits from the extracted final hidden
+state). The two matrices are read from the safetensors files with `safe_open`,
+one tensor at a time, so a 70B target costs two matrices of memory, not 140 GB.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from backends.train.errors import TrainError
+
+EMBED_NAME = "model.embed_tokens.weight"
+LM_HEAD_NAME = "lm_head.weight"
+INDEX_FILE = "model.safetensors.index.json"
+
+
+@dataclass(frozen=True)
+class TargetConfig:
+    """The fields of the target's config.json that shape the draft."""
+
+    architecture: str
+    num_layers: int
+    hidden_size: int
+    intermediate_size: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    vocab_size: int
+    max_position_embeddings: int
+    rms_norm_eps: float
+    rope_theta: float
+    rope_scaling: dict[str, Any] | None
+    hidden_act: str
+    tie_word_embeddings: bool
+
+
+def _rope(cfg: dict[str, Any]) -> tuple[float, dict[str, Any] | None]:
+    """(rope_theta, rope_scaling) in the legacy fields SGLang reads; transformers 5 writes `rope_parameters`."""
+    params = cfg.get("rope_parameters") or {}
+    theta = cfg.get("rope_theta", params.get("rope_theta", 10000.0))
+    scaling = cfg.get("rope_scaling")
+    if scaling is None and params.get("rope_type", "default") != "default":
+        scaling = {k: v for k, v in params.items() if k != "rope_theta"}
+    return float(theta), scaling
+
+
+def read_target_config(directory: Path) -> TargetConfig:
+    path = directory / "config.json"
+    try:
+        cfg = json.loads(path.read_bytes())
+    except FileNotFoundError:
+        raise TrainError(f"{path} does not exist: --target must be a Hugging Face model folder") from None
+    except (OSError, ValueError) as exc:
+        raise TrainError(f"{path} cannot be read as JSON: {exc}") from None
+    if not isinstance(cfg, dict):
+        raise TrainError(f"{path} is not a JSON object")
+    # Multimodal configs nest the language model's fields.
+    text = cfg.get("text_config") if "hidden_size" not in cfg else None
+    fields: dict[str, Any] = {**cfg, **text} if isinstance(text, dict) else cfg
+    try:
+        hidden = int(fields["hidden_size"])
+        heads = int(fields["num_attention_heads"])
+        theta, scaling = _rope(fields)
+        return TargetConfig(
+            architecture=str((cfg.get("architectures") or ["?"])[0]),
+            num_layers=int(fields["num_hidden_layers"]),
+            hidden_size=hidden,
+            intermediate_size=int(fields["intermediate_size"]),
+            num_attention_heads=heads,
+            num_key_value_heads=int(fields.get("num_key_value_heads") or heads),
+            head_dim=int(fields.get("head_dim") or hidden // heads),
+            vocab_size=int(fields["vocab_size"]),
+            max_position_embeddings=int(fields.get("max_position_embeddings", 2048)),
+            rms_norm_eps=float(fields.get("rms_norm_eps", 1e-5)),
+            rope_theta=theta,
+            rope_scaling=scaling,
+            hidden_act=str(fields.get("hidden_act", "silu")),
+            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+        )
+    except KeyError as exc:
+        raise TrainError(f"{path} lacks {exc.args[0]!r}: is it a decoder-only language model?") from None
+    except (TypeError, ValueError) as exc:
+        raise TrainError(f"{path} has a field of the wrong type: {exc}") from None
+
+
+def _weight_files(directory: Path) -> dict[str, Path]:
+    """Tensor name -> the safetensors file holding it (single file or sharded)."""
+    from safetensors import safe_open
+
+    index = directory / INDEX_FILE
+    if index.exists():
+        try:
+            weight_map = json.loads(index.read_bytes())["weight_map"]
+        except (OSError, ValueError, KeyError) as exc:
+            raise TrainError(f"{index} cannot be read: {exc}") from None
+        return {name: directory / file for name, file in weight_map.items()}
+    files = sorted(directory.glob("*.safetensors"))
+    if not files:
+        raise TrainError(f"{directory} holds no .safetensors weights (the trainer reads only safetensors)")
+    located: dict[str, Path] = {}
+    for file in files:
+        with safe_open(str(file), framework="pt") as handle:
+            located.update(dict.fromkeys(handle.keys(), file))
+    return located
+
+
+def _find(located: dict[str, Path], exact: str, suffix: str) -> str | None:
+    if exact in located:
+        return exact
+    # Wrapped language models (e.g. `model.language_model.embed_tokens.weight`).
+    matches = [name for name in located if name.endswith(suffix) and "vision" not in name]
+    return matches[0] if len(matches) == 1 else None
+
+
+def load_target_matrices(directory: Path, target: TargetConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """(embedding [V, H], lm_head [V, H]) as stored; lm_head is the embedding when the target ties them."""
+    from safetensors import safe_open
+
+    located = _weight_files(directory)
+    embed_name = _find(located, EMBED_NAME, "embed_tokens.weight")
+    head_name = _find(located, LM_HEAD_NAME, "lm_head.weight")
+    if embed_name is None:
+        raise TrainError(f"{directory} has no {EMBED_NAME} tensor")
+    if head_name is None and not target.tie_word_embeddings:
+        raise TrainError(f"{directory} has no {LM_HEAD_NAME} tensor and its config does not tie word embeddings")
+
+    def read(name: str) -> torch.Tensor:
+        with safe_open(str(located[name]), framework="pt") as handle:
+            tensor: torch.Tensor = handle.get_tensor(name)
+        if tuple(tensor.shape) != (target.vocab_size, target.hidden_size):
+            raise TrainError(
+                f"{name} has shape {tuple(tensor.shape)}, not (vocab_size, hidden_size) = "
+                f"({target.vocab_size}, {target.hidden_size}) as config.json says"
+            )
+        return tensor
+
+    embed = read(embed_name)
+    return embed, embed if head_name is None else read(head_name)
+
+
+@dataclass
+class TeacherTargets:
+    """Per position j of a batch: the target's distribution over the draft vocabulary
+    for the token after x_j, and whether the target's own argmax is in that vocabulary."""
+
+    probs: torch.Tensor  # [B, T, draft_vocab] float32
+    in_vocab: torch.Tensor  # [B, T] bool
+
+
+class Teacher:
+    """The target's lm_head, applied to extracted final hidden states."""
+
+    def __init__(self, lm_head: torch.Tensor, draft_ids: torch.Tensor, t2d: torch.Tensor) -> None:
+        self.lm_head = lm_head  # [V, H], compute dtype, on the training device
+        self.draft_ids = draft_ids.to(lm_head.device)  # [draft_vocab] target ids, ascending
+        self.t2d = t2d.to(lm_head.device)  # [V] bool
+
+    @torch.no_grad()
+    def targets(self, hidden_state: torch.Tensor) -> TeacherTargets:
+        probs, in_vocab = [], []
+        # One sample at a time: full-vocabulary logits are the largest tensor of a step.
+        for h in hidden_state.to(self.lm_head.dtype):
+            logits = h @ self.lm_head.T
+            in_vocab.append(self.t2d[logits.argmax(-1)])
+            probs.append(torch.softmax(logits.index_select(-1, self.draft_ids).float(), dim=-1))
+        return TeacherTargets(probs=torch.stack(probs), in_vocab=torch.stack(in_vocab))

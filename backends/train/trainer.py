@@ -1,0 +1,262 @@
+"""The tensor side of a run: the draft wrapped for training, its optimizer and
+schedule, one optimizer step, evaluation, and saving or restoring all of it."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from torch.nn.attention.flex_attention import BlockMask
+
+from backends.train import checkpoint, distributed
+from backends.train.attention import ttt_block_mask
+from backends.train.config import DraftConfig
+from backends.train.data import Batch
+from backends.train.errors import TrainError
+from backends.train.loss import STEP_DECAY, LossParts, loss_counts, simulated_accept_length, ttt_loss
+from backends.train.model import FROZEN_WEIGHTS, Eagle3Draft
+from backends.train.options import TrainOptions
+from backends.train.schedule import lr_factor, warmup_cosine, warmup_steps
+from backends.train.target import Teacher, TeacherTargets
+from backends.train.vocab import VocabMap
+
+ADAM_BETAS = (0.9, 0.95)
+# Without --compile, flex attention alone is compiled, once per (padded length, TTT step).
+RECOMPILE_LIMIT = 256
+
+
+@dataclass
+class Progress:
+    """Where the run is; saved in every checkpoint."""
+
+    step: int = 0
+    epoch: int = 0
+    samples_in_epoch: int = 0
+    val_history: list[float] = field(default_factory=list)
+
+
+def rng_state(device: torch.device) -> dict[str, Any]:
+    state: dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate()}
+    if device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(device)
+    return state
+
+
+def set_rng_state(state: dict[str, Any], device: torch.device) -> None:
+    torch.set_rng_state(state["torch"])
+    random.setstate(state["python"])
+    if device.type == "cuda" and "cuda" in state:
+        torch.cuda.set_rng_state(state["cuda"], device)
+
+
+# Inductor's flex-attention kernel needs head_dim >= 16 (Triton's tl.dot).
+FLEX_MIN_HEAD_DIM = 16
+
+
+def resolve_attention(requested: str, device: torch.device, head_dim: int) -> str:
+    """`auto`: flex on GPU when the head is wide enough, else eager."""
+    flex_ok = device.type == "cuda" and head_dim >= FLEX_MIN_HEAD_DIM
+    if requested == "auto":
+        return "flex" if flex_ok else "eager"
+    if requested == "flex" and not flex_ok:
+        raise TrainError(
+            "--attention flex needs a GPU (PyTorch has no flex-attention backward on CPU) and "
+            f"head_dim >= {FLEX_MIN_HEAD_DIM} (this draft's is {head_dim}); use --attention eager"
+        )
+    return requested
+
+
+def build_draft(
+    config: DraftConfig,
+    embed: torch.Tensor,
+    lm_head: torch.Tensor,
+    vocab: VocabMap,
+    embed_dtype: torch.dtype,
+    seed: int,
+) -> Eagle3Draft:
+    """A fresh draft: the target's embedding (frozen) and, as a warm start, the target's
+    lm_head rows of the draft vocabulary (speculators does the same)."""
+    torch.manual_seed(seed)
+    draft = Eagle3Draft(config, embed_dtype=embed_dtype)
+    with torch.no_grad():
+        draft.embed_tokens.weight.copy_(embed)
+        draft.lm_head.weight.copy_(lm_head[vocab.draft_ids].float())
+        draft.get_buffer("d2t").copy_(vocab.d2t)
+        draft.get_buffer("t2d").copy_(vocab.t2d)
+    return draft
+
+
+class Trainer:
+    """The parts of a run that touch tensors: step, evaluate, save."""
+
+    def __init__(
+        self,
+        draft: Eagle3Draft,
+        teacher: Teacher,
+        ctx: distributed.Dist,
+        options: TrainOptions,
+        total_steps: int,
+        fsdp: bool = False,
+    ) -> None:
+        self.ctx = ctx
+        self.options = options
+        self.total_steps = total_steps
+        self.teacher = teacher
+        self.config = draft.config
+        self.cuda = ctx.device.type == "cuda"
+        self.compute_dtype = torch.bfloat16 if self.cuda else torch.float32
+        self.attention = resolve_attention(options.attention, ctx.device, draft.config.head_dim)
+        self.compiled = self.cuda if options.compile is None else options.compile
+        self.draft = draft.to(ctx.device)
+        self.model = distributed.wrap(self.draft, ctx, fsdp, self.compute_dtype)
+        self.params = [p for p in self.model.parameters() if p.requires_grad]
+        # Fused kernels on GPU; elsewhere (and for FSDP's DTensors) one foreach op per state tensor.
+        fused = self.cuda and not fsdp
+        self.optimizer = torch.optim.AdamW(
+            self.params, lr=options.lr, betas=ADAM_BETAS, weight_decay=0.0, fused=fused, foreach=not fused
+        )
+        self.warmup = warmup_steps(total_steps, options.warmup_ratio)
+        self.scheduler = warmup_cosine(self.optimizer, self.warmup, total_steps)
+        self.progress = Progress()
+        self.forward_loss: Callable[..., tuple[torch.Tensor, ...]] = self._forward_loss
+        if self.cuda or self.compiled:
+            torch._dynamo.config.recompile_limit = RECOMPILE_LIMIT
+        if self.compiled:
+            self.forward_loss = torch.compile(self._forward_loss, dynamic=False)
+
+    # ---- one step -------------------------------------------------------
+    def block_masks(self, seq_len: int) -> list[BlockMask] | None:
+        if self.attention != "flex":
+            return None
+        return [ttt_block_mask(seq_len, k, str(self.ctx.device)) for k in range(self.options.ttt)]
+
+    def _forward_loss(
+        self,
+        model: nn.Module,
+        input_ids: torch.Tensor,
+        aux: torch.Tensor,
+        loss_mask: torch.Tensor,
+        probs: torch.Tensor,
+        in_vocab: torch.Tensor,
+        denominators: torch.Tensor | None,
+        masks: list[BlockMask] | None,
+    ) -> tuple[torch.Tensor, ...]:
+        # Tensors in and out (no dataclasses) so that torch.compile sees one plain graph.
+        with torch.autocast(self.ctx.device.type, dtype=torch.bfloat16, enabled=self.cuda):
+            logits = model(input_ids, aux, self.options.ttt, masks)
+        parts = ttt_loss(logits, TeacherTargets(probs, in_vocab), loss_mask, denominators)
+        return parts.loss, parts.ploss, parts.ce_sum, parts.in_loss, parts.correct, parts.counted
+
+    def losses(self, model: nn.Module, batch: Batch, training: bool) -> LossParts:
+        targets = self.teacher.targets(batch.hidden_state)
+        denominators = None
+        if training and self.ctx.world > 1:
+            counts = loss_counts(batch.loss_mask, targets.in_vocab, self.options.ttt).float()
+            denominators = distributed.all_reduce_sum(counts).clamp_min(1) / self.ctx.world
+        fn = self.forward_loss if training else self._forward_loss
+        out = fn(
+            model,
+            batch.input_ids,
+            batch.aux_hidden_states,
+            batch.loss_mask,
+            targets.probs,
+            targets.in_vocab,
+            denominators,
+            self.block_masks(batch.input_ids.shape[1]),
+        )
+        return LossParts(*out)
+
+    def train_step(self, batch: Batch) -> torch.Tensor:
+        """One optimizer step; returns, on the device (no host sync), the row
+        [loss, ploss_0..K-1, correct_0..K-1, counted_0..K-1, grad_norm]."""
+        batch = batch.to(self.ctx.device, self.compute_dtype)
+        parts = self.losses(self.model, batch, training=True)
+        torch.autograd.backward(parts.loss)
+        grad_norm = nn.utils.clip_grad_norm_(self.params, self.options.max_grad_norm)
+        if hasattr(grad_norm, "full_tensor"):  # a DTensor under FSDP
+            grad_norm = grad_norm.full_tensor()
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return torch.cat(
+            [
+                parts.loss.detach()[None],
+                parts.ploss,
+                parts.correct.float(),
+                parts.counted.float(),
+                grad_norm.detach()[None].float(),
+            ]
+        )
+
+    @torch.no_grad()
+    def evaluate(self, batches: Iterable[Batch]) -> dict[str, Any]:
+        """val_loss, val_ploss_k, val_acc_k, val_sim_accept_len over all the held-out batches."""
+        k = self.options.ttt
+        sums = torch.zeros(4, k, device=self.ctx.device)
+        for batch in batches:
+            parts = self.losses(self.draft, batch.to(self.ctx.device, self.compute_dtype), training=False)
+            sums += torch.stack([parts.ce_sum, parts.in_loss, parts.correct, parts.counted]).float()
+        ce_sum, in_loss, correct, counted = distributed.all_reduce_sum(sums).cpu()
+        ploss = (ce_sum / in_loss.clamp_min(1)).tolist()
+        acc = (correct / counted.clamp_min(1)).tolist()
+        row: dict[str, Any] = {"val_loss": sum(STEP_DECAY**i * p for i, p in enumerate(ploss))}
+        row.update({f"val_ploss_{i}": p for i, p in enumerate(ploss)})
+        row.update({f"val_acc_{i}": a for i, a in enumerate(acc)})
+        row["val_sim_accept_len"] = simulated_accept_length(acc)
+        return row
+
+    # ---- state ----------------------------------------------------------
+    def save(self, out: Path, name: str) -> Path:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+
+        model_sd, optim_sd = get_state_dict(
+            self.model, self.optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
+        )
+        path = out / name
+        if self.ctx.main:
+            weights = {
+                k: v.float() if v.is_floating_point() else v for k, v in model_sd.items() if isinstance(v, torch.Tensor)
+            }
+            for key in FROZEN_WEIGHTS:
+                weights.pop(key)
+            state = {
+                "step": self.progress.step,
+                "epoch": self.progress.epoch,
+                "samples_in_epoch": self.progress.samples_in_epoch,
+                "val_history": list(self.progress.val_history),
+                "optimizer": optim_sd,
+                "scheduler": self.scheduler.state_dict(),
+                "rng": rng_state(self.ctx.device),
+                "world_size": self.ctx.world,
+                "batch_size": self.options.batch_size,
+                "seed": self.options.seed,
+            }
+            path = checkpoint.save_checkpoint(out, name, weights, self.config.to_json(), state)
+        distributed.barrier()
+        return path
+
+    def restore(self, state: dict[str, Any]) -> None:
+        """Optimizer, scheduler, progress and RNG from a training_state.pt (weights are loaded before)."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+        set_optimizer_state_dict(
+            self.model, self.optimizer, state["optimizer"], options=StateDictOptions(full_state_dict=True)
+        )
+        self.scheduler.load_state_dict(state["scheduler"])
+        # The schedule follows this run's --lr and --steps, from the restored step on.
+        self.scheduler.base_lrs = [self.options.lr for _ in self.optimizer.param_groups]
+        factor = lr_factor(self.scheduler.last_epoch, self.warmup, self.total_steps)
+        for group in self.optimizer.param_groups:
+            group["lr"] = self.options.lr * factor
+        self.progress = Progress(
+            step=int(state["step"]),
+            epoch=int(state["epoch"]),
+            samples_in_epoch=int(state["samples_in_epoch"]),
+            val_history=[float(v) for v in state["val_history"]],
+        )
+        set_rng_state(state["rng"], self.ctx.device)
