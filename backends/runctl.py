@@ -234,7 +234,7 @@ def owner_of(pid: int, owners: dict[int, str]) -> str | None:
 
 
 # Our own stages, launchable by module name with the agent's interpreter.
-BACKEND_MODULES = ("backends.extract", "backends.train", "backends.demo_target", "backends.demo_job")
+BACKEND_MODULES = ("backends.extract", "backends.train")
 
 
 def module_argv(module: str, args: list[str], nproc: int | None) -> list[str]:
