@@ -134,6 +134,7 @@ def build_parser() -> Parser:
     p.add_argument("--json", action="store_true", help="one JSON object per line")
     p.add_argument("--tail", type=int, help="only the last N rows")
     p.add_argument("--follow", "-f", action="store_true", help="keep printing rows until the run ends")
+    p.add_argument("--wide", action="store_true", help="with --follow: every column, per-position ones included")
 
     p = sub.add_parser("doctor", help="check a draft against its target, data and SGLang, from files alone")
     p.add_argument("draft", metavar="DRAFT", help="the draft folder (config.json + weights)")
@@ -312,9 +313,9 @@ async def cmd_logs(client: AgentClient, ns: argparse.Namespace, _: list[str]) ->
     return EXIT_OK
 
 
-async def follow_metrics(client: AgentClient, run: str) -> int:
+async def follow_metrics(client: AgentClient, run: str, wide: bool = False) -> int:
     """Print metric rows as a live table until the run ends; its fate decides the exit code."""
-    table = render.LiveTable()
+    table = render.LiveTable(wide)
     far = 1 << 62
     sub = await client.subscribe(run=run, offsets={"log": far, "events": far, "metrics": 0})
     final = None
@@ -332,7 +333,7 @@ async def follow_metrics(client: AgentClient, run: str) -> int:
 
 async def cmd_metrics(client: AgentClient, ns: argparse.Namespace, _: list[str]) -> int:
     if ns.follow:
-        return await follow_metrics(client, ns.run)
+        return await follow_metrics(client, ns.run, ns.wide)
     if ns.tail is not None and ns.tail < 0:
         raise UsageError("--tail needs a count of rows, 0 or more")
     result = await client.request("metrics", run=ns.run)

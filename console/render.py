@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shlex
 import time
 from collections.abc import Sequence
@@ -142,11 +143,31 @@ def free_text(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-class LiveTable:
-    """Metric rows as aligned lines while they arrive; the header repeats when new columns appear."""
+POSITION_KEY = re.compile(r"^(val_)?(acc|ploss)_(\d+)$")
 
-    def __init__(self, min_width: int = 9) -> None:
+
+def compact_columns(row: dict[str, Any]) -> list[str]:
+    """A row's keys for a narrow table: per-position accuracy only at the first and
+    last position, no per-position losses (the console's curves show them all)."""
+    positions = [int(m.group(3)) for k in row if (m := POSITION_KEY.match(k)) and m.group(2) == "acc"]
+    shown = {0, max(positions)} if positions else set()
+    keep = []
+    for key in row:
+        match = POSITION_KEY.match(key)
+        if key == "source" or (match and (match.group(2) == "ploss" or int(match.group(3)) not in shown)):
+            continue
+        keep.append(key)
+    return keep
+
+
+class LiveTable:
+    """Metric rows as aligned lines while they arrive. Training rows share one table
+    (its header repeats when new columns appear); evaluation rows, whose keys start
+    with `val_`, print as one `eval` line each so they do not widen the table."""
+
+    def __init__(self, wide: bool = False, min_width: int = 9) -> None:
         self.columns: list[str] = []
+        self.wide = wide
         self.min_width = min_width
 
     def _line(self, cells: list[str]) -> str:
@@ -155,7 +176,11 @@ class LiveTable:
     def lines(self, rows: list[dict[str, Any]]) -> list[str]:
         out: list[str] = []
         for row in rows:
-            new = [k for k in row if k not in self.columns]
+            keys = list(row) if self.wide else compact_columns(row)
+            if any(k.startswith("val_") for k in row):
+                out.append("eval " + "  ".join(f"{k}={cell(row[k])}" for k in keys))
+                continue
+            new = [k for k in keys if k not in self.columns]
             if new or not self.columns:
                 self.columns += new
                 out.append(self._line(self.columns))

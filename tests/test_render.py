@@ -1,0 +1,34 @@
+"""What the CLI prints: the live metrics table stays narrow and readable."""
+
+from __future__ import annotations
+
+from console.render import LiveTable, status_text
+
+
+def test_live_table_keeps_first_and_last_position_and_puts_evals_on_their_own_line() -> None:
+    table = LiveTable()
+    train = {"step": 20, "loss": 20.1, "ploss_0": 5.0, "acc_0": 0.1, "acc_1": 0.09, "acc_2": 0.08, "lr": 1e-3}
+    evals = {"step": 100, "val_loss": 10.3, "val_ploss_0": 2.4, "val_acc_0": 0.31, "val_acc_2": 0.2}
+    lines = table.lines([train, evals, {**train, "step": 40}])
+    assert lines[0].split() == ["step", "loss", "acc_0", "acc_2", "lr"]
+    assert lines[1].split() == ["20", "20.1", "0.1", "0.08", "0.001"]
+    assert lines[2] == "eval step=100  val_loss=10.3  val_acc_0=0.31  val_acc_2=0.2"
+    assert lines[3].split()[0] == "40" and len(lines) == 4  # no repeated header
+
+
+def test_wide_table_shows_every_column_and_repeats_the_header_for_new_ones() -> None:
+    table = LiveTable(wide=True)
+    lines = table.lines([{"step": 1, "ploss_0": 5.0}, {"step": 2, "ploss_0": 4.0, "grad_norm": 3.0}])
+    assert [line.split() for line in lines] == [
+        ["step", "ploss_0"],
+        ["1", "5"],
+        ["step", "ploss_0", "grad_norm"],
+        ["2", "4", "3"],
+    ]
+
+
+def test_status_without_gpus_says_why() -> None:
+    text = status_text(
+        {"host": "h", "gpu_source": "none", "gpu_error": "NVML unavailable", "runs": [], "gpus": [], "problems": []}
+    )
+    assert "no runs yet" in text and "GPUs: none found (source: none)\nNVML unavailable" in text
