@@ -116,3 +116,20 @@ def spawn() -> Iterator[Spawn]:
         for child in children:
             child.kill()
             child.wait()
+
+
+@pytest.fixture(scope="session")
+def target(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The demo target (tiny, random, built locally), shared by the extraction tests."""
+    from backends import demo_target
+
+    return demo_target.write_demo_target(tmp_path_factory.mktemp("demo") / "target")
+
+
+@pytest.fixture(scope="session")
+def model(target: Path) -> Any:
+    """The demo target loaded with transformers, for direct hidden-state computations."""
+    from transformers import AutoModelForCausalLM
+
+    loaded: Any = AutoModelForCausalLM.from_pretrained(target)
+    return loaded.eval()

@@ -9,22 +9,11 @@ from typing import Any
 
 import pytest
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoConfig, AutoTokenizer
 
 from backends import demo_corpus, demo_target
 from backends.eagle3_contract import default_aux_layers
 from backends.extract.data import load_dataset
-
-
-@pytest.fixture(scope="module")
-def target(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return demo_target.write_demo_target(tmp_path_factory.mktemp("demo") / "target")
-
-
-@pytest.fixture(scope="module")
-def model(target: Path) -> Any:
-    loaded: Any = AutoModelForCausalLM.from_pretrained(target)
-    return loaded.eval()
 
 
 def test_demo_target_is_a_complete_llama_folder_with_distinct_default_aux_layers(target: Path) -> None:

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoTokenizer
 
 from backends import demo_target
 from backends.eagle3_contract import read_manifest, read_shard
@@ -34,17 +34,6 @@ CHATS: list[object] = [
     {"prompt": "What is speculative decoding?", "response": "A draft guesses and the target checks."},
 ]
 ASSISTANT_TEXTS = ["Boil rice for about 12 minutes.", "Taste as you go.", "A draft guesses and the target checks."]
-
-
-@pytest.fixture(scope="module")
-def target(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return demo_target.write_demo_target(tmp_path_factory.mktemp("demo") / "target")
-
-
-@pytest.fixture(scope="module")
-def model(target: Path) -> Any:
-    loaded: Any = AutoModelForCausalLM.from_pretrained(target)
-    return loaded.eval()
 
 
 @pytest.fixture(scope="module")

@@ -3,30 +3,19 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
-
-import pytest
 
 from backends.eagle3_contract import read_manifest
 from tests.conftest import CLI
 
 
-@pytest.fixture(scope="module")
-def demo_target(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("target") / "target"
-    subprocess.run([sys.executable, "-m", "backends.demo_target", "--out", str(out)], check=True, capture_output=True)
-    return out
-
-
 def test_extract_short_form_runs_as_a_run_and_follows_its_progress(
-    cli: CLI, demo_target: Path, tmp_path: Path, workdir: Path
+    cli: CLI, target: Path, tmp_path: Path, workdir: Path
 ) -> None:
     out = tmp_path / "hidden"
     result = cli(
         "extract", "--name", "ex", "--follow",
-        "--target", str(demo_target), "--data", "demo", "--out", str(out), "--limit", "24", "--shard-size", "8",
+        "--target", str(target), "--data", "demo", "--out", str(out), "--limit", "24", "--shard-size", "8",
         timeout=180,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
