@@ -117,8 +117,6 @@ class Subscription:
     # Built once: path joins in the poll loop were most of the idle CPU.
     paths: dict[str, str] = field(default_factory=dict)
     ended: bool = False
-    idle_sleep: float = POLL_MIN_S
-    wake_at: float = 0.0
 
 
 class Agent:
@@ -356,19 +354,18 @@ class Agent:
 
     # ----- streaming -----
     async def poll_loop(self) -> None:
+        """One pass over every subscription per tick: again at once while data flows,
+        backing off to POLL_MAX_S while all are quiet (one wake-up for all of them)."""
+        pause = POLL_MIN_S
         while self.subs:
             now = time.monotonic()
+            moved = False
             for sub in list(self.subs.values()):
-                if sub.wake_at > now:
-                    continue
-                moved = await self.poll_sub(sub, now)
-                sub.idle_sleep = POLL_MIN_S if moved else min(POLL_MAX_S, sub.idle_sleep * 2)
-                sub.wake_at = now + (0 if moved else sub.idle_sleep)
+                moved |= await self.poll_sub(sub, now)
                 if sub.ended:
                     self.subs.pop(sub.id, None)
-            if self.subs:
-                wake = min(s.wake_at for s in self.subs.values())
-                await asyncio.sleep(max(0.0, wake - time.monotonic()))
+            pause = POLL_MIN_S if moved else min(POLL_MAX_S, pause * 2)
+            await asyncio.sleep(0 if moved else pause)
 
     async def poll_sub(self, sub: Subscription, now: float) -> bool:
         moved = False
