@@ -6,6 +6,9 @@ import json
 import sys
 from pathlib import Path
 
+import pytest
+
+from console.client import AgentClient, AgentError
 from tests.conftest import CLI
 from tests.draft_fixtures import HIDDEN, good_draft, write_target
 
@@ -89,3 +92,15 @@ def test_doctor_and_convert_commands(cli: CLI, tmp_path: Path) -> None:
     assert again.returncode == 0 and json.loads(again.stdout)["errors"] == 0
     refused = cli("convert", str(broken), str(tmp_path / "fixed"))
     assert refused.returncode == 1 and refused.stderr.decode().count("\n") == 1
+
+
+async def test_the_console_can_ask_for_the_verdict_before_launching(client: AgentClient, tmp_path: Path) -> None:
+    target = write_target(tmp_path / "target")
+    draft = good_draft(tmp_path / "draft", fc_in=HIDDEN)
+    reply = await client.request("preflight", kind="serve", argv=serve_argv(draft, target))
+    assert reply["doctor"]["errors"] >= 1
+    assert {"code", "severity", "message", "fix"} <= set(reply["doctor"]["findings"][0])
+    assert (await client.request("preflight", kind="train", argv=["python", "train.py"]))["doctor"] is None
+    with pytest.raises(AgentError) as err:
+        await client.request("launch", kind="serve", argv=serve_argv(draft, target))
+    assert err.value.code == "doctor_refused" and err.value.details["errors"] >= 1
