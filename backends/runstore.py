@@ -304,7 +304,15 @@ def derive_state(run: RunDir) -> str:
         # The supervisor wrote exit.json and left while we looked: the run ended normally.
         return derive_state(run)
     # The supervisor is gone without writing exit.json: the exit is unknown.
+    _record_lost(run)
     return "lost"
+
+
+def _record_lost(run: RunDir) -> None:
+    """`lost` is the one state nobody is alive to write: whoever first sees it records it, once."""
+    if not any(e.get("type") == "state" and e.get("state") == "lost" for e in run.events()):
+        with contextlib.suppress(OSError):  # a read-only store still answers status
+            run.append_event("state", state="lost")
 
 
 class RunStore:

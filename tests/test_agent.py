@@ -153,6 +153,8 @@ async def test_supervisor_kill_9_leaves_the_run_going_then_lost(client: AgentCli
     await asyncio.to_thread(wait_for, marker.exists, 10, "the run to finish its work")
     await asyncio.to_thread(wait_for, lambda: run.state() == "lost", 10, "lost")
     assert (await client.request("status"))["runs"][0]["state"] == "lost"
+    states = [e["state"] for e in run.events() if e["type"] == "state"]
+    assert states == ["running", "lost"]  # recorded once, however often it is looked at
 
 
 async def test_stream_resumes_from_offsets_with_a_new_agent(workdir: Path, nvml_state: Path) -> None:
