@@ -176,13 +176,20 @@ def signal_if_ours(ident: ProcIdentity, sig: signal.Signals) -> str | None:
     return None
 
 
-def descendants(root: int) -> list[int]:
-    """All live descendants of `root` (by parent links), in no particular order."""
+def live_stats() -> list[ProcStat]:
+    """One pass over /proc: every live (non-zombie) process."""
+    stats = (read_stat(pid) for pid in all_pids())
+    return [stat for stat in stats if stat is not None and stat.state != "Z"]
+
+
+def descendants(root: int, stats: list[ProcStat] | None = None) -> list[int]:
+    """All live descendants of `root` (by parent links), in no particular order.
+
+    `stats` from `live_stats()` lets callers that also need `group_members` scan /proc once.
+    """
     children: dict[int, list[int]] = {}
-    for pid in all_pids():
-        stat = read_stat(pid)
-        if stat is not None and stat.state != "Z":
-            children.setdefault(stat.ppid, []).append(pid)
+    for stat in live_stats() if stats is None else stats:
+        children.setdefault(stat.ppid, []).append(stat.pid)
     found: list[int] = []
     stack = list(children.get(root, []))
     while stack:
@@ -193,10 +200,5 @@ def descendants(root: int) -> list[int]:
     return found
 
 
-def group_members(pgid: int) -> list[int]:
-    members = []
-    for pid in all_pids():
-        stat = read_stat(pid)
-        if stat is not None and stat.pgid == pgid and stat.state != "Z":
-            members.append(pid)
-    return members
+def group_members(pgid: int, stats: list[ProcStat] | None = None) -> list[int]:
+    return [stat.pid for stat in (live_stats() if stats is None else stats) if stat.pgid == pgid]

@@ -105,7 +105,8 @@ def launch(store: RunStore, spec: RunSpec, verdict: DoctorResult | None = None) 
 def _run_processes(child: procinfo.ProcIdentity) -> dict[int, procinfo.ProcIdentity]:
     """The run's live processes: the child's process group and its descendants,
     limited to processes born no earlier than the child (pgid numbers recycle too)."""
-    pids = {child.pid, *procinfo.group_members(child.pid), *procinfo.descendants(child.pid)}
+    stats = procinfo.live_stats()  # polled during a kill: scan /proc once for both lookups
+    pids = {child.pid, *procinfo.group_members(child.pid, stats), *procinfo.descendants(child.pid, stats)}
     found: dict[int, procinfo.ProcIdentity] = {}
     for pid in pids:
         ident = procinfo.identify(pid)

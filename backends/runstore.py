@@ -252,7 +252,8 @@ class RunDir:
 
     def info(self) -> RunInfo:
         spec = self.spec()
-        child = self.child()
+        proc = self.proc()
+        child = procinfo.ProcIdentity.from_json(proc.get("child"))
         ended = self.exit() or {}
         return {
             "id": self.id,
@@ -264,7 +265,7 @@ class RunDir:
             "argv": mask_argv(spec.argv),
             "env": mask_env(spec.env),
             "gpus": spec.gpus,
-            "started_at": self.proc().get("child_started_at"),
+            "started_at": proc.get("child_started_at"),
             "ended_at": ended.get("ended_at"),
             "exit_code": ended.get("code"),
             "signal": ended.get("signal"),
@@ -289,10 +290,11 @@ def derive_state(run: RunDir) -> str:
         if _killed_by_us(run):
             return "killed"
         return "exited" if ended.get("code") == 0 else "failed"
-    child = run.child()
+    proc = run.proc()  # read once: it names both processes
+    child = procinfo.ProcIdentity.from_json(proc.get("child"))
     if child is not None and procinfo.is_alive(child):
         return "running"
-    supervisor = run.supervisor()
+    supervisor = procinfo.ProcIdentity.from_json(proc.get("supervisor"))
     if supervisor is not None and procinfo.is_alive(supervisor):
         # Between spawn and the child's record, or between its exit and exit.json.
         return "running" if child is not None else "starting"
