@@ -25,6 +25,8 @@ from console.transport import LocalTransport, Transport, TransportError
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 STAGES = ("extract", "train")
+# A subscription offset beyond any file: that stream sends nothing.
+PAST_END = 1 << 62
 
 
 class UsageError(Exception):
@@ -304,7 +306,7 @@ async def cmd_logs(client: AgentClient, ns: argparse.Namespace, _: list[str]) ->
         offset = chunk["next_offset"]
     if not ns.follow:
         return EXIT_OK
-    sub = await client.subscribe(run=ns.run, offsets={"log": offset, "metrics": 1 << 62, "events": 1 << 62})
+    sub = await client.subscribe(run=ns.run, offsets={"log": offset, "metrics": PAST_END, "events": PAST_END})
     async for msg in sub:
         if msg["stream"] == "log":
             write_log(msg["data_b64"])
@@ -316,8 +318,7 @@ async def cmd_logs(client: AgentClient, ns: argparse.Namespace, _: list[str]) ->
 async def follow_metrics(client: AgentClient, run: str, wide: bool = False) -> int:
     """Print metric rows as a live table until the run ends; its fate decides the exit code."""
     table = render.LiveTable(wide)
-    far = 1 << 62
-    sub = await client.subscribe(run=run, offsets={"log": far, "events": far, "metrics": 0})
+    sub = await client.subscribe(run=run, offsets={"log": PAST_END, "events": PAST_END, "metrics": 0})
     final = None
     async for msg in sub:
         if msg["stream"] == "metrics":
