@@ -268,6 +268,15 @@ def nearest_known(version: str) -> str | None:
     return older[-1] if older else known[0]
 
 
+def release_facts(version: str) -> ReleaseFacts:
+    """The facts of the known release nearest `version` (the newest known for an unparseable one)."""
+    return RELEASES[nearest_known(version) or KNOWN_VERSIONS[-1]]
+
+
+# The release whose in-process model runner `backends.extract --backend sglang` was checked against.
+EXTRACT_RUNNER_VERSION = "0.5.23"
+
+
 def installed_version() -> str | None:
     """The sglang version installed for this interpreter, without importing it."""
     try:

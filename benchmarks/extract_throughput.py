@@ -6,8 +6,8 @@ Builds a random target of Llama-3.2-1B's shape in memory (16 layers, hidden
 2048, MLP 8192, 32 heads / 8 KV heads, vocabulary 128256: 1.24 B parameters),
 bf16 on CUDA, and times, over synthetic token batches of 16 x 2048:
 1. the bare forward pass (`base_model(..., output_hidden_states=True)`);
-2. `pipeline.extract_shard`: batching by length, `capture.capture_batch`'s
-   forward, aux concat, copy to (pinned) host memory, per-sample tensors;
+2. `pipeline.extract_shard`: batching by length, the hf backend's
+   (`capture.HFCapturer`) forward, aux concat, copy to (pinned) host memory, per-sample tensors;
 3. `pipeline.run_pipeline`, the loop `backends.extract` runs: shards extracted
    while `--writers` threads save the previous ones (the contract's write_shard
    to a temporary folder, then SHA-256 of the file, as `output.seal_shard`
@@ -35,6 +35,7 @@ from typing import Any
 import torch
 
 from backends.eagle3_contract import write_shard
+from backends.extract.capture import HFCapturer
 from backends.extract.output import sha256_file
 from backends.extract.pipeline import Row, ShardJob, extract_shard, run_pipeline
 from backends.extract.template import TokenizedChat
@@ -132,6 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     full = synthetic([args.seq] * args.batch, args.vocab, rng)
     mixed_lengths = [rng.randint(min(256, args.seq), args.seq) for _ in range(args.batch * 4)]
     mixed = synthetic(mixed_lengths, args.vocab, rng)
+    capturer = HFCapturer(model, aux_ids, 0)
     ids = torch.tensor([s.input_ids for s in full], device=args.device)
     mask = torch.ones_like(ids)
 
@@ -152,11 +154,11 @@ def main(argv: list[str] | None = None) -> int:
 
     def pipeline(samples: list[TokenizedChat], shards: int) -> None:
         jobs = (ShardJob(i, 0, len(samples), samples, {}) for i in range(shards))
-        run_pipeline(model, jobs, aux_ids, 0, budget, save, saved.append, args.writers)
+        run_pipeline(capturer, jobs, budget, save, saved.append, args.writers)
 
     try:
         t_forward = timed(forward, args.device, args.warmup, args.iters)
-        t_extract = timed(lambda: extract_shard(model, full, aux_ids, 0, budget), args.device, args.warmup, args.iters)
+        t_extract = timed(lambda: extract_shard(capturer, full, budget), args.device, args.warmup, args.iters)
         pipeline(full, 1)  # warms up the pinned host blocks and the writer
         saved.clear()
         t_pipeline = timed(lambda: pipeline(full, args.iters), args.device, 0, 1) / args.iters

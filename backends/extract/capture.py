@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from backends.eagle3_contract import hf_hidden_state_index
 
@@ -28,6 +28,26 @@ class Captured:
 
     hidden_state: torch.Tensor
     aux_hidden_states: torch.Tensor
+
+
+class Capturer(Protocol):
+    """A loaded target that turns token sequences into the states a draft trains on."""
+
+    def capture(self, batch: list[list[int]]) -> list[Captured]:
+        """Each sequence's states, in `batch`'s order (sequences of any lengths)."""
+        ...
+
+
+@dataclass
+class HFCapturer:
+    """The transformers backend: the target's base model with `output_hidden_states`."""
+
+    model: Any
+    aux_ids: list[int]
+    pad_id: int
+
+    def capture(self, batch: list[list[int]]) -> list[Captured]:
+        return capture_batch(self.model, batch, self.aux_ids, self.pad_id)
 
 
 def resolve_dtype(name: str, device: str) -> str:

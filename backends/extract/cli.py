@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import importlib.util
 import itertools
 import os
 import sys
@@ -19,10 +18,9 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from backends.eagle3_contract import SHARD_PATTERN, ContractError, Manifest, default_aux_layers, write_shard
-from backends.extract import capture
+from backends.extract import capture, sglang_capture
 from backends.extract.data import DEMO, DataError, Dataset, load_dataset
 from backends.extract.output import (
     OutputError,
@@ -155,17 +153,6 @@ def choose_layers(requested: list[int] | None, num_layers: int) -> list[int]:
     return requested
 
 
-def check_backend(backend: str) -> None:
-    if backend != "sglang":
-        return
-    if importlib.util.find_spec("sglang") is None:
-        raise UsageError("--backend sglang: sglang is not importable in this Python; use --backend hf")
-    raise UsageError(
-        "--backend sglang is not available: SGLang's documented Engine API returns only the final hidden state, "
-        "not the aux layers; use --backend hf"
-    )
-
-
 def choose_device(requested: str | None) -> str:
     import torch
 
@@ -268,7 +255,7 @@ def shard_jobs(chat_tokenizer: ChatTokenizer, dataset: Dataset, progress: Progre
 
 
 def run_shards(
-    model: Any,
+    capturer: capture.Capturer,
     chat_tokenizer: ChatTokenizer,
     dataset: Dataset,
     progress: Progress,
@@ -296,19 +283,34 @@ def run_shards(
         record_shard(out, progress, shard)
         reporter.shard_done(shard)
 
-    tokenizer = chat_tokenizer.tokenizer
-    pad_id = next(i for i in (tokenizer.pad_token_id, tokenizer.eos_token_id, 0) if i is not None)
     jobs = shard_jobs(chat_tokenizer, dataset, progress)
-    aux_ids = progress.settings.aux_layer_ids
     try:
-        run_pipeline(model, jobs, aux_ids, pad_id, args.batch_tokens, save, record, args.writers)
+        run_pipeline(capturer, jobs, args.batch_tokens, save, record, args.writers)
     except torch.OutOfMemoryError:
         raise ExtractFailed(f"out of memory with --batch-tokens {args.batch_tokens}; lower it") from None
 
 
+def load_capturer(
+    target: Target, args: argparse.Namespace, device: str, dtype: str, aux_ids: list[int], pad_id: int
+) -> capture.Capturer:
+    """The target loaded by the chosen backend, ready to capture `aux_ids`."""
+    try:
+        if args.backend == "sglang":
+            return sglang_capture.load(target.path, device, dtype, aux_ids, args.batch_tokens, args.max_length)
+        return capture.HFCapturer(capture.load_target(target.path, device, dtype), aux_ids, pad_id)
+    except sglang_capture.SGLangUnavailable as exc:
+        raise UsageError(str(exc)) from None
+    except (OSError, ValueError, RuntimeError) as exc:
+        raise ExtractFailed(f"cannot load the target from {target.path} with --backend {args.backend}: {exc}") from None
+
+
 def run(args: argparse.Namespace) -> int:
-    check_backend(args.backend)
     target = read_target(args.target)
+    if args.backend == "sglang":
+        try:
+            sglang_capture.check_available(target.architecture)
+        except sglang_capture.SGLangUnavailable as exc:
+            raise UsageError(str(exc)) from None
     if args.data != DEMO and not Path(args.data).is_file():
         raise UsageError(f"--data {args.data}: no such file (give a JSONL file, or demo for the built-in corpus)")
     aux_ids = choose_layers(args.layers, target.num_layers)
@@ -347,11 +349,10 @@ def run(args: argparse.Namespace) -> int:
     if progress.shards:
         print(f"resume: {len(progress.shards)} finished shards kept, from chat {progress.next_chat}")
     print(f"target: {target.architecture}, {target.num_layers} layers, aux ids {aux_ids}, {dtype} on {device}")
-    try:
-        model = capture.load_target(target.path, device, dtype)
-    except (OSError, ValueError, RuntimeError) as exc:
-        raise ExtractFailed(f"cannot load the target from {target.path}: {exc}") from None
-    run_shards(model, chat_tokenizer, dataset, progress, args.out, args)
+    tokenizer = chat_tokenizer.tokenizer
+    pad_id = next(i for i in (tokenizer.pad_token_id, tokenizer.eos_token_id, 0) if i is not None)
+    capturer = load_capturer(target, args, device, dtype, aux_ids, pad_id)
+    run_shards(capturer, chat_tokenizer, dataset, progress, args.out, args)
     dropped = progress.dropped()
     if dropped:
         print("dropped: " + ", ".join(f"{count} {reason}" for reason, count in dropped.items()))

@@ -14,7 +14,7 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from backends.extract import capture
 from backends.extract.template import TokenizedChat
@@ -50,15 +50,13 @@ def length_batches(lengths: list[int], batch_tokens: int) -> list[list[int]]:
     return batches
 
 
-def extract_shard(
-    model: Any, samples: list[TokenizedChat], aux_ids: list[int], pad_id: int, batch_tokens: int
-) -> list[Row]:
+def extract_shard(capturer: capture.Capturer, samples: list[TokenizedChat], batch_tokens: int) -> list[Row]:
     """The shard's sample dicts (the contract's write_shard input), in the samples' order."""
     import torch
 
     rows: list[Row | None] = [None] * len(samples)
     for batch in length_batches([len(s.input_ids) for s in samples], batch_tokens):
-        states = capture.capture_batch(model, [samples[i].input_ids for i in batch], aux_ids, pad_id)
+        states = capturer.capture([samples[i].input_ids for i in batch])
         for index, state in zip(batch, states, strict=True):
             rows[index] = {
                 "input_ids": torch.tensor(samples[index].input_ids, dtype=torch.int64),
@@ -70,10 +68,8 @@ def extract_shard(
 
 
 def run_pipeline(
-    model: Any,
+    capturer: capture.Capturer,
     jobs: Iterable[ShardJob],
-    aux_ids: list[int],
-    pad_id: int,
     batch_tokens: int,
     save: Callable[[ShardJob, list[Row]], Saved],
     record: Callable[[Saved], None],
@@ -88,7 +84,7 @@ def run_pipeline(
     with ThreadPoolExecutor(max_workers=writers, thread_name_prefix="shard-writer") as pool:
         try:
             for job in jobs:
-                rows = extract_shard(model, job.samples, aux_ids, pad_id, batch_tokens)
+                rows = extract_shard(capturer, job.samples, batch_tokens)
                 if len(pending) == writers:
                     record(pending.popleft().result())
                 pending.append(pool.submit(save, job, rows))

@@ -1,0 +1,98 @@
+"""`--backend sglang`: refused in one line where it cannot work; where SGLang is installed, the same states as hf.
+
+The comparison needs an interpreter with SGLang, named by EAGLE3_SGLANG_PYTHON
+(SGLang lives in its own environment on a GPU host, and is too large for CI).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from backends import sglang_facts
+from backends.eagle3_contract import read_manifest, read_shard
+from backends.extract.cli import main
+from tests.conftest import REPO
+
+SGLANG_PYTHON = os.environ.get("EAGLE3_SGLANG_PYTHON")
+
+
+def extract(target: Path, out: Path, *extra: str) -> int:
+    return main(["--target", str(target), "--data", "demo", "--out", str(out), "--device", "cpu", *extra])
+
+
+def with_architecture(target: Path, folder: Path, architecture: str) -> Path:
+    copy = Path(shutil.copytree(target, folder))
+    config = json.loads((copy / "config.json").read_text())
+    config["architectures"] = [architecture]
+    (copy / "config.json").write_text(json.dumps(config))
+    return copy
+
+
+def test_without_sglang_the_backend_is_a_usage_error(
+    target: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(sglang_facts, "installed_version", lambda: None)
+    assert extract(target, tmp_path / "out", "--backend", "sglang") == 2
+    assert (
+        capsys.readouterr().err
+        == "error: --backend sglang: sglang is not installed for this Python; use --backend hf\n"
+    )
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_target_sglang_cannot_capture_is_refused_before_anything_loads(
+    target: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(sglang_facts, "installed_version", lambda: "0.5.23")
+    mixtral = with_architecture(target, tmp_path / "mixtral", "MixtralForCausalLM")
+    assert extract(mixtral, tmp_path / "out", "--backend", "sglang") == 2
+    err = capsys.readouterr().err
+    assert "SGLang 0.5.23's MixtralForCausalLM has no set_eagle3_layers_to_capture" in err
+    assert err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_an_sglang_without_the_in_process_runner_is_refused_in_one_line(
+    target: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(sglang_facts, "installed_version", lambda: "0.5.5")
+    monkeypatch.setitem(sys.modules, "sglang", None)  # importing it fails, as with an older layout
+    assert extract(target, tmp_path / "out", "--backend", "sglang", "--limit", "4") == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --backend sglang: SGLang 0.5.5 lacks the in-process model runner")
+    assert err.rstrip().endswith(f"known to work with {sglang_facts.EXTRACT_RUNNER_VERSION}); use --backend hf")
+
+
+@pytest.mark.skipif(SGLANG_PYTHON is None, reason="EAGLE3_SGLANG_PYTHON names no interpreter with SGLang")
+def test_sglang_captures_the_same_states_as_the_hf_backend(target: Path, tmp_path: Path) -> None:
+    assert SGLANG_PYTHON is not None
+    options = ["--limit", "48", "--shard-size", "16", "--layers", "1,3,5", "--batch-tokens", "600"]
+    assert extract(target, tmp_path / "hf", *options) == 0
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    command = [SGLANG_PYTHON, "-m", "backends.extract", "--target", str(target), "--data", "demo", "--device", "cpu"]
+    done = subprocess.run(
+        [*command, *options, "--out", str(tmp_path / "sgl"), "--backend", "sglang"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    hf, sgl = read_manifest(tmp_path / "hf"), read_manifest(tmp_path / "sgl")
+    assert (sgl.aux_layer_ids, sgl.samples, sgl.tokens) == (hf.aux_layer_ids, hf.samples, hf.tokens)
+    for hf_shard, sgl_shard in zip(hf.shards, sgl.shards, strict=True):
+        for a, b in zip(
+            read_shard(tmp_path / "hf" / hf_shard.file), read_shard(tmp_path / "sgl" / sgl_shard.file), strict=True
+        ):
+            assert torch.equal(a["input_ids"], b["input_ids"]) and torch.equal(a["loss_mask"], b["loss_mask"])
+            assert b["aux_hidden_states"].shape == a["aux_hidden_states"].shape == (len(a["input_ids"]), 3 * 64)
+            torch.testing.assert_close(b["aux_hidden_states"], a["aux_hidden_states"], rtol=1e-4, atol=1e-5)
+            torch.testing.assert_close(b["hidden_state"], a["hidden_state"], rtol=1e-4, atol=1e-4)
