@@ -9,6 +9,11 @@ DEMO_TRAIN_ARGS ?= --steps 400 --batch-size 8 --lr 3e-3 --log-every 20 --eval-ev
 
 .PHONY: demo test lint typecheck unit clean
 
+# SGLang's argument parser for the serve-flag tests: sglang without its runtime dependencies, kept out of
+# .venv (the tests reach it through PYTHONPATH, as a serve command's own environment would).
+SGLANG_PARSER ?= .sglang-parser
+SGLANG_PARSER_VERSION ?= 0.5.23
+
 $(VENV)/.installed: pyproject.toml constraints-test.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
@@ -37,10 +42,16 @@ lint: $(VENV)/.installed
 typecheck: $(VENV)/.installed
 	$(VENV)/bin/mypy
 
-unit: $(VENV)/.installed
-	$(PY) -m pytest -q
+$(SGLANG_PARSER)/.installed: sglang-parser-requirements.txt | $(VENV)/.installed
+	rm -rf $(SGLANG_PARSER)
+	$(PY) -m pip install -q --target $(SGLANG_PARSER) --no-deps sglang==$(SGLANG_PARSER_VERSION)
+	$(PY) -m pip install -q --target $(SGLANG_PARSER) -r sglang-parser-requirements.txt
+	touch $@
+
+unit: $(VENV)/.installed $(SGLANG_PARSER)/.installed
+	EAGLE3_SGLANG_PARSER_PATH=$(abspath $(SGLANG_PARSER)) $(PY) -m pytest -q
 
 test: lint typecheck unit
 
 clean:
-	rm -rf $(VENV) $(DEMO_WORKDIR) .mypy_cache .ruff_cache .pytest_cache .hypothesis
+	rm -rf $(VENV) $(SGLANG_PARSER) $(DEMO_WORKDIR) .mypy_cache .ruff_cache .pytest_cache .hypothesis

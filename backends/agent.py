@@ -33,6 +33,7 @@ from backends.protocol import (
     GpuInfo,
     LogChunk,
     MetricsResult,
+    PreflightResult,
     ProtocolError,
     Request,
     RunInfo,
@@ -249,8 +250,8 @@ class Agent:
 
     async def op_launch(self, **args: Any) -> dict[str, Any]:
         spec = runctl.checked_spec(args, self.cwd)
-        verdict = await asyncio.to_thread(runctl.gate, spec, args["force"])
-        return await asyncio.to_thread(runctl.launch, self.store, spec, verdict)
+        checked = await asyncio.to_thread(runctl.gate, spec, args["force"])
+        return await asyncio.to_thread(runctl.launch, self.store, spec, checked)
 
     def _path(self, value: str, cwd: str | None) -> Path:
         return Path(cwd or self.cwd) / Path(value).expanduser()
@@ -275,11 +276,12 @@ class Agent:
             dry_load=dry_load,
         )
 
-    async def op_preflight(self, kind: str, argv: list[Any], cwd: str | None) -> dict[str, Any]:
+    async def op_preflight(self, kind: str, argv: list[Any], cwd: str | None, env: dict[str, Any]) -> PreflightResult:
         if not all(isinstance(a, str) for a in argv):
             raise runctl.OpError("bad_args", "argv must be a list of strings")
-        verdict = await asyncio.to_thread(preflight.check_serve, kind, argv, cwd or self.cwd)
-        return {"doctor": verdict}
+        if not all(isinstance(v, str) for v in env.values()):
+            raise runctl.OpError("bad_args", "env values must be strings")
+        return await asyncio.to_thread(preflight.check_launch, kind, argv, cwd or self.cwd, env)
 
     async def op_convert(self, src: str, dst: str, to: str, cwd: str | None) -> DoctorResult:
         try:

@@ -1,18 +1,20 @@
-"""The pre-launch gate: run `doctor` on the draft (and target) a serve command names.
+"""The pre-launch gate: SGLang's own parser on a serve command's flags, `doctor` on the draft it names.
 
-A serve run whose argv names a draft is checked before it starts; errors refuse
-the launch unless forced, warnings go into the run's events. The real-loader
-dry-load joins in automatically when the installed SGLang can do it quickly.
+A serve run is checked before it starts (and a relaunch before its parent is
+stopped); errors refuse the launch unless forced, warnings go into the run's
+events. The real-loader dry-load joins in automatically when the installed
+SGLang can do it quickly.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 
-from backends import dryload
+from backends import dryload, serve_flags
 from backends.argv_edit import flag_value
 from backends.doctor import diagnose
-from backends.protocol import DoctorResult
+from backends.protocol import DoctorResult, PreflightResult
 from backends.sglang_facts import CONTEXT_LENGTH_FLAG, DRAFT_PATH_FLAGS, TARGET_PATH_FLAGS
 
 AUTO_DRY_LOAD_MAX_S = 60.0
@@ -64,3 +66,10 @@ def check_serve(kind: str, argv: list[str], cwd: str | None) -> DoctorResult | N
         target=target if target is not None and target.is_dir() else None,
         context_length=int(context) if context is not None and context.isdigit() else None,
     )
+
+
+def check_launch(kind: str, argv: list[str], cwd: str | None, env: Mapping[str, str] | None = None) -> PreflightResult:
+    """Every pre-launch check of a command (none but for a serve command), with the launch's environment."""
+    if kind != "serve":
+        return PreflightResult(flags=None, doctor=None)
+    return PreflightResult(flags=serve_flags.check(argv, env, cwd), doctor=check_serve(kind, argv, cwd))

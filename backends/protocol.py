@@ -154,6 +154,13 @@ class DoctorResult(TypedDict):
     warnings: int
 
 
+class PreflightResult(TypedDict):
+    """The pre-launch checks of a serve command: SGLang's parser on its flags, doctor on its draft."""
+
+    flags: Finding | None  # launch-flags (error) or launch-flags-unchecked (info); None: the flags parse
+    doctor: DoctorResult | None  # None: the command names no draft
+
+
 class ErrorBody(TypedDict, total=False):
     code: str
     message: str
@@ -248,7 +255,12 @@ OPS: dict[str, _ArgSpec] = {
         "dry_load": (_BOOL, False, False),
         "cwd": (_OPT_STR, False, None),
     },
-    "preflight": {"kind": (_STR, True, None), "argv": (_LIST, True, None), "cwd": (_OPT_STR, False, None)},
+    "preflight": {
+        "kind": (_STR, True, None),
+        "argv": (_LIST, True, None),
+        "cwd": (_OPT_STR, False, None),
+        "env": (_DICT, False, {}),
+    },
     "convert": {
         "src": (_STR, True, None),
         "dst": (_STR, True, None),

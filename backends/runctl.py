@@ -19,7 +19,7 @@ from typing import Any
 from backends import preflight, procinfo
 from backends.argv_edit import ArgvEditError, edit_argv
 from backends.masking import mask_argv, mask_env
-from backends.protocol import SIGNAL_NAMES, DoctorResult, KilledProcess, KillResult
+from backends.protocol import SIGNAL_NAMES, KilledProcess, KillResult, PreflightResult
 from backends.runstore import RunDir, RunSpec, RunStore, StoreError
 
 PACKAGE_ROOT = Path(__file__).resolve().parent.parent
@@ -39,10 +39,16 @@ class OpError(Exception):
         self.details = details
 
 
-def gate(spec: RunSpec, force: bool) -> DoctorResult | None:
-    """doctor on the draft a serve command names; its errors refuse the launch unless forced."""
-    verdict = preflight.check_serve(spec.kind, spec.argv, spec.cwd)
-    if verdict is not None and verdict["errors"] and not force:
+def gate(spec: RunSpec, force: bool) -> PreflightResult:
+    """The pre-launch checks of a serve command; a flag SGLang refuses, or doctor's errors, refuse the launch
+    unless forced."""
+    checked = preflight.check_launch(spec.kind, spec.argv, spec.cwd, spec.env)
+    if force:
+        return checked
+    flags, verdict = checked["flags"], checked["doctor"]
+    if flags is not None and flags["severity"] == "error":
+        raise OpError("flags_refused", f"{flags['message']}; fix it, or launch with --force", details=verdict)
+    if verdict is not None and verdict["errors"]:
         codes = sorted({f["code"] for f in verdict["findings"] if f["severity"] == "error"})
         raise OpError(
             "doctor_refused",
@@ -50,7 +56,7 @@ def gate(spec: RunSpec, force: bool) -> DoctorResult | None:
             "fix them, or launch with --force to start anyway",
             details=verdict,
         )
-    return verdict
+    return checked
 
 
 def start_supervisor(run: RunDir) -> None:
@@ -77,13 +83,16 @@ def wait_started(run: RunDir, timeout: float = LAUNCH_CONFIRM_S) -> None:
         time.sleep(POLL_S / 2)
 
 
-def launch(store: RunStore, spec: RunSpec, verdict: DoctorResult | None = None) -> dict[str, Any]:
+def launch(store: RunStore, spec: RunSpec, checked: PreflightResult | None = None) -> dict[str, Any]:
     """Create the run, start its supervisor, and report its first state.
 
-    `verdict` is the pre-launch doctor result (see `gate`); its findings are kept
-    in the run's events and returned.
+    `checked` is what the pre-launch checks found (see `gate`); it is kept in the
+    run's events and returned.
     """
     run = store.create(spec)
+    flags, verdict = (checked["flags"], checked["doctor"]) if checked is not None else (None, None)
+    if flags is not None:
+        run.append_event("flags", **flags)
     if verdict is not None:
         run.append_event("doctor", errors=verdict["errors"], warnings=verdict["warnings"], findings=verdict["findings"])
     run.append_event(
@@ -99,7 +108,14 @@ def launch(store: RunStore, spec: RunSpec, verdict: DoctorResult | None = None) 
     start_supervisor(run)
     wait_started(run)
     info = run.info()
-    return {"run": run.id, "state": info["state"], "pid": info["pid"], "error": info["error"], "doctor": verdict}
+    return {
+        "run": run.id,
+        "state": info["state"],
+        "pid": info["pid"],
+        "error": info["error"],
+        "doctor": verdict,
+        "flags": flags,
+    }
 
 
 def _run_processes(child: procinfo.ProcIdentity) -> dict[int, procinfo.ProcIdentity]:
@@ -204,9 +220,9 @@ def relaunch(
     except ArgvEditError as exc:
         raise OpError("bad_args", str(exc)) from None
     child_spec = dataclasses.replace(spec, argv=argv, parent=parent.id, created_at=time.time())
-    verdict = gate(child_spec, force)
+    checked = gate(child_spec, force)
     stopped = kill(parent, "TERM", grace) if has_live_processes(parent) else None
-    result = launch(store, child_spec, verdict)
+    result = launch(store, child_spec, checked)
     result.update(parent=parent.id, argv=mask_argv(argv), stopped_parent=stopped)
     return result
 

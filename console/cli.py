@@ -238,7 +238,9 @@ async def cmd_launch(client: AgentClient, ns: argparse.Namespace, argv: list[str
 
 def report_launched(result: dict[str, Any], as_json: bool) -> int:
     """Print a new run's id (or the whole reply as JSON); fail when it could not start."""
-    verdict = result.get("doctor")
+    verdict, flags = result.get("doctor"), result.get("flags")
+    if flags and not as_json:
+        print(f"{flags['severity']}: {flags['message']}", file=sys.stderr)
     if verdict and verdict["findings"] and not as_json:
         print(format_result(verdict), file=sys.stderr)
     if as_json:
@@ -456,7 +458,7 @@ def main(args: list[str] | None = None) -> int:
         print(f"eagle3-console: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except AgentError as exc:
-        if exc.code == "doctor_refused" and exc.details:
+        if exc.code in ("doctor_refused", "flags_refused") and exc.details:
             print(format_result(exc.details), file=sys.stderr)
         print(f"eagle3-console: {exc.message}", file=sys.stderr)
         return EXIT_USAGE if exc.code in ("bad_args", "unknown_op") else EXIT_FAILED

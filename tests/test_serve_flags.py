@@ -1,0 +1,118 @@
+"""Serve flags checked by SGLang's own argument parser before a launch or relaunch, as a user meets it.
+
+The parser is SGLang 0.5.23's, installed by `make test` without its runtime into
+EAGLE3_SGLANG_PARSER_PATH and reached through the launch's PYTHONPATH, as a serve
+command's own environment would reach it on a host.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from backends import serve_flags
+from console.client import AgentClient
+from tests.conftest import CLI
+
+PARSER_PATH = os.environ.get("EAGLE3_SGLANG_PARSER_PATH")
+needs_parser = pytest.mark.skipif(PARSER_PATH is None, reason="EAGLE3_SGLANG_PARSER_PATH unset: run `make test`")
+SERVER = [sys.executable, "-m", "sglang.launch_server"]
+
+
+def parser_env() -> list[str]:
+    return ["--env", f"PYTHONPATH={PARSER_PATH}"]
+
+
+def runs(workdir: Path) -> list[str]:
+    folder = workdir / "runs"
+    return sorted(p.name for p in folder.iterdir()) if folder.exists() else []
+
+
+flag_text = st.text(st.characters(codec="utf-8", exclude_characters="\0"), max_size=12)
+
+
+@given(
+    python=st.sampled_from(["python", "python3", "/opt/venv/bin/python3.11"]),
+    options=st.lists(st.sampled_from(["-u", "-O", "-X", "-B"]), max_size=3),
+    flags=st.lists(flag_text, max_size=6),
+)
+def test_a_server_command_is_recognised_and_its_flags_are_exactly_what_follows_the_module(
+    python: str, options: list[str], flags: list[str]
+) -> None:
+    assert serve_flags.server_command([python, *options, "-m", "sglang.launch_server", *flags]) == (python, flags)
+
+
+@given(st.lists(flag_text, max_size=6))
+def test_other_commands_are_not_server_commands(flags: list[str]) -> None:
+    assert serve_flags.server_command(["python", "-m", "vllm.entrypoints.openai.api_server", *flags]) is None
+    assert serve_flags.server_command(["python", "serve.py", "-m", "sglang.launch_server", *flags]) is None
+    assert serve_flags.server_command(["sglang.launch_server", *flags]) is None
+
+
+@needs_parser
+def test_sglangs_parser_refuses_ambiguous_unknown_and_malformed_flags_with_its_own_words() -> None:
+    env = {"PYTHONPATH": str(PARSER_PATH)}
+    verdicts = {
+        "--cuda-graph-max-bs": "ambiguous option: --cuda-graph-max-bs could match --cuda-graph-max-bs-decode",
+        "--tp-size=two": "argument --tp-size/--tensor-parallel-size: invalid int value: 'two'",
+    }
+    for flag, words in verdicts.items():
+        finding = serve_flags.check([*SERVER, "--model-path", "m", flag, *(["8"] if "max-bs" in flag else [])], env)
+        assert finding is not None and finding["severity"] == "error" and finding["code"] == "launch-flags"
+        assert words in finding["message"]
+
+
+def test_an_interpreter_without_sglang_is_reported_as_unchecked_not_refused(tmp_path: Path) -> None:
+    finding = serve_flags.check([*SERVER, "--anything"], {"PYTHONPATH": str(tmp_path)})
+    assert finding is not None and finding["severity"] == "info" and finding["code"] == "launch-flags-unchecked"
+    assert "cannot import SGLang's server arguments" in finding["message"]
+    missing = serve_flags.check([str(tmp_path / "python3"), "-m", "sglang.launch_server"])
+    assert missing is not None and missing["severity"] == "info" and "could not run" in missing["message"]
+
+
+@needs_parser
+def test_a_launch_with_a_flag_sglang_refuses_starts_nothing_unless_forced(cli: CLI, workdir: Path) -> None:
+    bad = [*SERVER, "--model-path", "/nowhere", "--disable-cuda-graphs"]
+    refused = cli("launch", "serve", *parser_env(), "--", *bad)
+    assert refused.returncode == 1
+    assert refused.stderr.decode() == (
+        "eagle3-console: SGLang's argument parser refuses this command line: "
+        "unrecognized arguments: --disable-cuda-graphs; fix it, or launch with --force\n"
+    )
+    assert runs(workdir) == []
+    forced = cli("launch", "serve", "--force", *parser_env(), "--", *bad)
+    assert forced.returncode == 0, forced.stderr
+    assert b"error: SGLang's argument parser refuses" in forced.stderr
+    run_id = forced.stdout.decode().strip()
+    events = [json.loads(line) for line in (workdir / "runs" / run_id / "events.jsonl").read_text().splitlines()]
+    assert any(e["type"] == "flags" and e["code"] == "launch-flags" for e in events)
+    cli("kill", run_id, "--grace", "1")
+
+
+@needs_parser
+def test_a_relaunch_onto_a_flag_sglang_refuses_is_refused_and_a_valid_one_goes_ahead(cli: CLI, workdir: Path) -> None:
+    # The real server module dies at once here (no GPU runtime installed): the parent is a finished run.
+    parent = cli("launch", "serve", *parser_env(), "--", *SERVER, "--model-path", "/nowhere").stdout.decode().strip()
+    assert runs(workdir) == [parent]
+    refused = cli("relaunch", parent, "--set", "--cuda-graph-max-bs=8")
+    assert refused.returncode == 1
+    assert b"ambiguous option: --cuda-graph-max-bs could match" in refused.stderr
+    assert runs(workdir) == [parent]
+    accepted = cli("relaunch", parent, "--set", "--disable-cuda-graph", "--json")
+    assert accepted.returncode == 0, accepted.stderr
+    reply = json.loads(accepted.stdout)
+    assert reply["parent"] == parent and reply["flags"] is None and reply["argv"][-1] == "--disable-cuda-graph"
+    cli("kill", reply["run"], "--grace", "1")
+
+
+async def test_the_console_can_ask_sglangs_verdict_before_launching(client: AgentClient, tmp_path: Path) -> None:
+    argv = [*SERVER, "--model-path", "m", "--disable-cuda-graphs"]
+    without = await client.request("preflight", kind="serve", argv=argv, env={"PYTHONPATH": str(tmp_path)})
+    assert without["flags"]["code"] == "launch-flags-unchecked" and without["doctor"] is None
+    assert await client.request("preflight", kind="train", argv=argv) == {"flags": None, "doctor": None}
