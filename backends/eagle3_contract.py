@@ -88,6 +88,9 @@ class Manifest:
     content_hash: str = ""
     version: int = MANIFEST_VERSION
     aux_convention: str = "output_of_layer"
+    # What computed the states: "hf" (transformers) or "sglang", and that package's version.
+    backend: str = "hf"
+    backend_version: str = ""
 
     @property
     def num_aux(self) -> int:

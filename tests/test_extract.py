@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import itertools
 import json
 import subprocess
@@ -92,6 +93,7 @@ def test_extraction_writes_shards_and_a_manifest_that_match_the_target(target: P
     assert manifest.target_path == str(target.resolve())
     assert manifest.chat_template == demo_target.CHAT_TEMPLATE
     assert manifest.max_length == 2048
+    assert (manifest.backend, manifest.backend_version) == ("hf", importlib.metadata.version("transformers"))
     assert [s.file for s in manifest.shards] == [f"shard-0000{i}.safetensors" for i in range(3)]
     assert [s.samples for s in manifest.shards] == [4, 4, 2]
     samples = all_samples(out)

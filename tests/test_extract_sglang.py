@@ -88,6 +88,7 @@ def test_sglang_captures_the_same_states_as_the_hf_backend(target: Path, tmp_pat
     assert done.returncode == 0, done.stderr[-3000:]
     hf, sgl = read_manifest(tmp_path / "hf"), read_manifest(tmp_path / "sgl")
     assert (sgl.aux_layer_ids, sgl.samples, sgl.tokens) == (hf.aux_layer_ids, hf.samples, hf.tokens)
+    assert (hf.backend, sgl.backend, sgl.backend_version) == ("hf", "sglang", sglang_facts.EXTRACT_RUNNER_VERSION)
     for hf_shard, sgl_shard in zip(hf.shards, sgl.shards, strict=True):
         for a, b in zip(
             read_shard(tmp_path / "hf" / hf_shard.file), read_shard(tmp_path / "sgl" / sgl_shard.file), strict=True

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import importlib.metadata
 import itertools
 import os
 import sys
@@ -372,6 +373,8 @@ def run(args: argparse.Namespace) -> int:
             tokenizer=str(target.path),
             chat_template=chat_tokenizer.template,
             max_length=args.max_length,
+            backend=args.backend,
+            backend_version=importlib.metadata.version("sglang" if args.backend == "sglang" else "transformers"),
         ),
     )
     print(
