@@ -45,6 +45,7 @@ class ProcStat:
     pgid: int
     state: str
     start_ticks: int
+    cpu_ticks: int  # user + system time so far, in clock ticks
 
 
 @functools.cache
@@ -70,6 +71,7 @@ def read_stat(pid: int) -> ProcStat | None:
             ppid=int(rest[1]),
             pgid=int(rest[2]),
             start_ticks=int(rest[19]),
+            cpu_ticks=int(rest[11]) + int(rest[12]),
         )
     except (IndexError, ValueError):
         return None
@@ -202,3 +204,20 @@ def descendants(root: int, stats: list[ProcStat] | None = None) -> list[int]:
 
 def group_members(pgid: int, stats: list[ProcStat] | None = None) -> list[int]:
     return [stat.pid for stat in (live_stats() if stats is None else stats) if stat.pgid == pgid]
+
+
+def run_processes(child: ProcIdentity, stats: list[ProcStat] | None = None) -> dict[int, ProcIdentity]:
+    """A run's live processes: its child's process group and descendants, limited to processes
+    born no earlier than the child (pgid numbers recycle too)."""
+    stats = live_stats() if stats is None else stats  # scan /proc once for both lookups
+    pids = {child.pid, *group_members(child.pid, stats), *descendants(child.pid, stats)}
+    found: dict[int, ProcIdentity] = {}
+    for pid in pids:
+        ident = identify(pid)
+        if ident is None:
+            continue
+        if pid == child.pid and ident != child:
+            continue
+        if ident.start_ticks >= child.start_ticks:
+            found[pid] = ident
+    return found

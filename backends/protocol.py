@@ -28,6 +28,15 @@ SIGNAL_NAMES: tuple[str, ...] = ("TERM", "INT", "KILL")
 STREAMS: tuple[str, ...] = ("log", "metrics", "events")
 
 
+class Diagnosis(TypedDict):
+    """A failure recognised in a run's output (`backends.sglang_log`): what it means and what to try."""
+
+    code: str
+    meaning: str
+    hint: str
+    line: str
+
+
 class RunInfo(TypedDict):
     id: str
     name: str
@@ -47,6 +56,7 @@ class RunInfo(TypedDict):
     health: str | None
     stalled_since: float | None
     stack_dumps: list[str] | None
+    diagnoses: list[Diagnosis]
 
 
 class GpuProcess(TypedDict):

@@ -118,23 +118,6 @@ def launch(store: RunStore, spec: RunSpec, checked: PreflightResult | None = Non
     }
 
 
-def _run_processes(child: procinfo.ProcIdentity) -> dict[int, procinfo.ProcIdentity]:
-    """The run's live processes: the child's process group and its descendants,
-    limited to processes born no earlier than the child (pgid numbers recycle too)."""
-    stats = procinfo.live_stats()  # polled during a kill: scan /proc once for both lookups
-    pids = {child.pid, *procinfo.group_members(child.pid, stats), *procinfo.descendants(child.pid, stats)}
-    found: dict[int, procinfo.ProcIdentity] = {}
-    for pid in pids:
-        ident = procinfo.identify(pid)
-        if ident is None:
-            continue
-        if pid == child.pid and ident != child:
-            continue
-        if ident.start_ticks >= child.start_ticks:
-            found[pid] = ident
-    return found
-
-
 def _alive(idents: dict[int, procinfo.ProcIdentity]) -> dict[int, procinfo.ProcIdentity]:
     return {pid: ident for pid, ident in idents.items() if procinfo.is_alive(ident)}
 
@@ -144,7 +127,7 @@ def kill(run: RunDir, signal_name: str = "TERM", grace: float = 10.0) -> KillRes
     if signal_name not in SIGNAL_NAMES:
         raise OpError("bad_args", f"signal must be one of {', '.join(SIGNAL_NAMES)}")
     child = run.child()
-    targets = _run_processes(child) if child is not None else {}
+    targets = procinfo.run_processes(child) if child is not None else {}
     if not targets:
         raise OpError("not_running", f"run {run.id} has no live process (state {run.state()}); nothing to kill")
     sent: dict[int, list[str]] = {}
@@ -163,7 +146,7 @@ def kill(run: RunDir, signal_name: str = "TERM", grace: float = 10.0) -> KillRes
         deadline = time.monotonic() + seconds
         while time.monotonic() < deadline:
             # Processes forked after the first signal get it too.
-            newcomers = {p: i for p, i in _run_processes(child).items() if p not in targets} if child else {}
+            newcomers = {p: i for p, i in procinfo.run_processes(child).items() if p not in targets} if child else {}
             if newcomers:
                 targets.update(newcomers)
                 send(sig, newcomers)
@@ -200,7 +183,7 @@ def _wait_exit_record(run: RunDir) -> None:
 
 def has_live_processes(run: RunDir) -> bool:
     child = run.child()
-    return child is not None and bool(_run_processes(child))
+    return child is not None and bool(procinfo.run_processes(child))
 
 
 def relaunch(

@@ -40,6 +40,8 @@ METRICS = "metrics.jsonl"
 METRICS_SOURCE = "metrics_source.json"
 EXIT = "exit.json"
 SUPERVISOR_LOG = "supervisor.log"
+WATCH = "watch.json"  # the supervisor's watch: running/ready/stalled, phase, health, stack dumps
+STACKS = "stacks"  # a folder: one file of every process's stack per stall
 # A supervisor that has not recorded itself this long after launch never started.
 SUPERVISOR_START_TIMEOUT_S = 30.0
 
@@ -247,6 +249,11 @@ class RunDir:
         data = read_json(self.file(EXIT))
         return data if isinstance(data, dict) else None
 
+    def watch(self) -> dict[str, Any]:
+        """The supervisor's watch (see backends.watch); {} before its first verdict."""
+        data = read_json(self.file(WATCH))
+        return data if isinstance(data, dict) else {}
+
     def state(self) -> str:
         return derive_state(self)
 
@@ -255,12 +262,14 @@ class RunDir:
         proc = self.proc()
         child = procinfo.ProcIdentity.from_json(proc.get("child"))
         ended = self.exit() or {}
+        watch = self.watch()
+        dumps = watch.get("stack_dumps")
         return {
             "id": self.id,
             "name": spec.name,
             "kind": spec.kind,
             "state": self.state(),
-            "phase": None,
+            "phase": watch.get("phase"),
             "pid": child.pid if child else None,
             "argv": mask_argv(spec.argv),
             "env": mask_env(spec.env),
@@ -271,9 +280,10 @@ class RunDir:
             "signal": ended.get("signal"),
             "error": ended.get("error"),
             "parent": spec.parent,
-            "health": None,
-            "stalled_since": None,
-            "stack_dumps": None,
+            "health": watch.get("health"),
+            "stalled_since": watch.get("stalled_since"),
+            "stack_dumps": [f"{STACKS}/{name}" for name in dumps] if isinstance(dumps, list) and dumps else None,
+            "diagnoses": watch.get("diagnoses") or [],
         }
 
 
@@ -292,9 +302,12 @@ def derive_state(run: RunDir) -> str:
         return "exited" if ended.get("code") == 0 else "failed"
     proc = run.proc()  # read once: it names both processes
     child = procinfo.ProcIdentity.from_json(proc.get("child"))
-    if child is not None and procinfo.is_alive(child):
-        return "running"
     supervisor = procinfo.ProcIdentity.from_json(proc.get("supervisor"))
+    if child is not None and procinfo.is_alive(child):
+        # ready and stalled are the watch's verdicts; without its supervisor nobody keeps them current.
+        watched = run.watch().get("state")
+        alive = supervisor is not None and procinfo.is_alive(supervisor)
+        return watched if alive and watched in ("ready", "stalled") else "running"
     if supervisor is not None and procinfo.is_alive(supervisor):
         # Between spawn and the child's record, or between its exit and exit.json.
         return "running" if child is not None else "starting"

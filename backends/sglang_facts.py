@@ -371,5 +371,8 @@ def sglang_destination(release: ReleaseFacts, name: str, params: Mapping[str, ob
 DRAFT_PATH_FLAGS: tuple[str, ...] = ("--speculative-draft-model-path", "--speculative-draft-model")
 TARGET_PATH_FLAGS: tuple[str, ...] = ("--model-path", "--model")
 CONTEXT_LENGTH_FLAG = "--context-length"
+PORT_FLAG = "--port"
+HOST_FLAG = "--host"
+DEFAULT_PORT = 30000
 # Modules that start SGLang's server (`python -m MODULE FLAGS...`).
 SERVER_MODULES = ("sglang.launch_server",)

@@ -2,7 +2,8 @@
 
 Started by the agent in its own session, it starts the child with stdout and
 stderr going straight to output.log (a file, so the child outlives us), records
-both identities in proc.json, waits, and writes exit.json. With --detach it
+both identities in proc.json, keeps the run's watch (`backends.watch`: phases,
+health, stalls), waits, and writes exit.json. With --detach it
 forks first and returns at once, so the agent never has a zombie to reap.
 """
 
@@ -16,7 +17,8 @@ import sys
 import time
 from pathlib import Path
 
-from backends import procinfo
+from backends import procinfo, watch
+from backends.gpus import GpuSampler
 from backends.metrics_sources import MetricsFollower
 from backends.runstore import EXIT, METRICS, OUTPUT, PROC, SUPERVISOR_LOG, RunDir, SpecError, atomic_write_json
 
@@ -86,9 +88,16 @@ def supervise(run: RunDir) -> int:
     follower = MetricsFollower(run, spec.metrics_from, cwd=Path(cwd)) if spec.metrics_from else None
     if follower is not None:
         follower.start()
+    watcher = None
+    if ident is not None:
+        sampler = GpuSampler() if watch.stall_window(spec) is not None else None
+        watcher = watch.RunWatcher(run, spec, ident, sampler)
+        watcher.start()
     code = child.wait()
     if follower is not None:
         follower.stop()  # the final drain: rows printed just before the exit are in before exit.json
+    if watcher is not None:
+        watcher.stop()
     ended: dict[str, object] = {"code": code, "signal": None, "error": None, "ended_at": time.time()}
     if code < 0:
         ended.update(code=None, signal=signal.Signals(-code).name.removeprefix("SIG"))

@@ -51,6 +51,7 @@ def runs_table(runs: list[dict[str, Any]]) -> str:
             truncate(r["name"], 20),
             r["kind"],
             r["state"],
+            truncate(r.get("phase") or "-", 24),
             cell(r["pid"]) if r["pid"] else "-",
             exit_text(r),
             clock(r["started_at"]),
@@ -58,7 +59,23 @@ def runs_table(runs: list[dict[str, Any]]) -> str:
         ]
         for r in runs
     ]
-    return table(["RUN", "NAME", "KIND", "STATE", "PID", "EXIT", "STARTED", "COMMAND"], rows)
+    return table(["RUN", "NAME", "KIND", "STATE", "PHASE", "PID", "EXIT", "STARTED", "COMMAND"], rows)
+
+
+def run_notes(runs: list[dict[str, Any]]) -> list[str]:
+    """What a person must see about a run beyond its row: a stall and its stacks, failures explained."""
+    notes: list[str] = []
+    for r in runs:
+        if r["state"] == "stalled":
+            dumps = r.get("stack_dumps") or []
+            where = f" in {r['phase']}" if r.get("phase") else ""
+            notes.append(
+                f"run {r['id']} stalled{where} since {clock(r.get('stalled_since'))}: output silent, processes and "
+                f"GPUs idle; stacks: runs/{r['id']}/{dumps[-1] if dumps else '(none)'}"
+            )
+        for d in r.get("diagnoses") or []:
+            notes.append(f"run {r['id']}: {d['code']}: {d['meaning']}; try: {d['hint']}")
+    return notes
 
 
 def mem(used: int | None, total: int | None) -> str:
@@ -89,6 +106,9 @@ def gpus_table(gpus: list[dict[str, Any]]) -> str:
 def status_text(status: dict[str, Any]) -> str:
     parts = [f"host {status['host']}"]
     parts.append(runs_table(status["runs"]) if status["runs"] else "no runs yet")
+    notes = run_notes(status["runs"])
+    if notes:
+        parts.append("\n".join(notes))
     for problem in status.get("problems", []):
         parts.append(f"unreadable run {problem['run']}: {problem['error']}")
     if status["gpus"]:

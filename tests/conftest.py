@@ -133,3 +133,23 @@ def model(target: Path) -> Any:
 
     loaded: Any = AutoModelForCausalLM.from_pretrained(target)
     return loaded.eval()
+
+
+def launch(cli: CLI, *args: str) -> str:
+    result = cli("launch", *args)
+    assert result.returncode == 0, result.stderr
+    return result.stdout.decode().strip()
+
+
+def status(cli: CLI) -> dict:  # type: ignore[type-arg]
+    result = cli("status", "--json")
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)  # type: ignore[no-any-return]
+
+
+def run_info(cli: CLI, run_id: str) -> dict:  # type: ignore[type-arg]
+    return next(r for r in status(cli)["runs"] if r["id"] == run_id)
+
+
+def wait_state(cli: CLI, run_id: str, states: set[str], timeout: float = 20) -> dict:  # type: ignore[type-arg]
+    return wait_for(lambda: (info := run_info(cli, run_id))["state"] in states and info, timeout, f"state {states}")  # type: ignore[no-any-return]

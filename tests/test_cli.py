@@ -8,28 +8,7 @@ import sys
 from pathlib import Path
 
 from backends.runstore import RunStore
-from tests.conftest import CLI, Spawn, wait_for
-
-
-def launch(cli: CLI, *args: str) -> str:
-    result = cli("launch", *args)
-    assert result.returncode == 0, result.stderr
-    return result.stdout.decode().strip()
-
-
-def status(cli: CLI) -> dict:  # type: ignore[type-arg]
-    result = cli("status", "--json")
-    assert result.returncode == 0, result.stderr
-    return json.loads(result.stdout)  # type: ignore[no-any-return]
-
-
-def run_info(cli: CLI, run_id: str) -> dict:  # type: ignore[type-arg]
-    return next(r for r in status(cli)["runs"] if r["id"] == run_id)
-
-
-def wait_state(cli: CLI, run_id: str, states: set[str], timeout: float = 20) -> dict:  # type: ignore[type-arg]
-    return wait_for(lambda: (info := run_info(cli, run_id))["state"] in states and info, timeout, f"state {states}")  # type: ignore[no-any-return]
-
+from tests.conftest import CLI, Spawn, launch, run_info, status, wait_for, wait_state
 
 PRINTER = (
     "import sys, time, json, os\n"

@@ -1,0 +1,324 @@
+"""A run's watch, kept by its supervisor whether or not a console is connected.
+
+Every second it reads the new output (phases and failures, `sglang_log`), polls
+the health URL of a serve run, and samples what the run's processes do (CPU
+time from /proc, GPU utilisation of the GPUs they hold). A run whose output has
+been silent for `stall_after` seconds while every one of its processes and GPUs
+sits idle is `stalled`: the stall is recorded with the phase it stopped in, and
+every process's stack is dumped into `stacks/` at once (py-spy when it is
+installed, else what /proc tells). A healthy server (health 200, or SGLang's
+ready line when there is no URL) is `ready` and idle by right, so it is never
+called stalled. Output or activity after a stall is recorded as a resume.
+
+The watch's verdict is `watch.json` in the run folder (state, phase, health,
+stall), written atomically on every change; its events go to events.jsonl.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from backends import procinfo, sglang_log
+from backends.argv_edit import flag_value
+from backends.gpus import GpuSampler
+from backends.protocol import Diagnosis
+from backends.runstore import OUTPUT, STACKS, WATCH, RunDir, RunSpec, atomic_write_json
+from backends.sglang_facts import DEFAULT_PORT, HOST_FLAG, PORT_FLAG, SERVER_MODULES
+
+TICK_S = 1.0
+ACTIVITY_EVERY_S = 2.0
+HEALTH_EVERY_S = 2.0
+HEALTH_TIMEOUT_S = 5.0
+DEFAULT_STALL_AFTER_S = 30.0
+WATCHED_KINDS = ("serve", "extract", "train")  # stall-watched by default; `command` runs when asked
+IDLE_CPU_PERCENT = 5.0  # per process, over the silent window
+IDLE_GPU_PERCENT = 5
+HEALTH_LOST_AFTER = 3  # failed polls in a row before a ready server is no longer ready
+STACK_TIMEOUT_S = 20.0
+CLOCK_TICKS = 100  # os.sysconf("SC_CLK_TCK") on Linux
+
+
+def stall_window(spec: RunSpec) -> float | None:
+    """Seconds of silent idleness that make the run stalled; None: not watched for stalls."""
+    if spec.stall_after is not None:
+        return spec.stall_after
+    return DEFAULT_STALL_AFTER_S if spec.kind in WATCHED_KINDS else None
+
+
+def health_url(spec: RunSpec) -> str | None:
+    """The URL to poll: the one given, else SGLang's /health on the port a serve command names."""
+    if spec.health_url is not None:
+        return spec.health_url
+    if spec.kind != "serve" or not any(m in spec.argv for m in SERVER_MODULES):
+        return None
+    host = flag_value(spec.argv, (HOST_FLAG,)) or "127.0.0.1"
+    port = flag_value(spec.argv, (PORT_FLAG,)) or str(DEFAULT_PORT)
+    if host in ("0.0.0.0", "::", "[::]"):
+        host = "127.0.0.1"  # listening everywhere: ask on loopback
+    return f"http://{host}:{port}/health"
+
+
+def poll_health(url: str) -> str:
+    """`ok` (200), `http NNN`, `refused` (not listening yet) or `error: ...`."""
+    if not url.startswith(("http://", "https://")):
+        return f"error: {url} is not an http(s) URL"
+    try:
+        with urllib.request.urlopen(url, timeout=HEALTH_TIMEOUT_S) as reply:
+            return "ok" if reply.status == 200 else f"http {reply.status}"
+    except urllib.error.HTTPError as exc:
+        return f"http {exc.code}"
+    except urllib.error.URLError as exc:
+        if isinstance(exc.reason, ConnectionRefusedError):
+            return "refused"
+        return f"error: {exc.reason}"
+    except (OSError, ValueError) as exc:
+        return f"error: {exc}"
+
+
+@dataclass
+class Activity:
+    """One sample of what the run's processes do."""
+
+    at: float
+    cpu_ticks: dict[int, int]  # pid -> user+system ticks so far
+    gpu_util: dict[int, int | None]  # GPU index -> utilisation, for GPUs holding a run process
+
+
+def busiest_cpu_percent(old: Activity, new: Activity) -> float:
+    """The highest CPU use of one process between two samples, in percent of one core."""
+    seconds = max(new.at - old.at, 1e-6)
+    deltas = [new.cpu_ticks[pid] - old.cpu_ticks.get(pid, 0) for pid in new.cpu_ticks]
+    return 100.0 * max(deltas, default=0) / CLOCK_TICKS / seconds
+
+
+@dataclass
+class Watch:
+    """The watch's verdict on the run (what `watch.json` holds)."""
+
+    state: str = "running"  # running | ready | stalled
+    phase: str | None = None
+    health: str | None = None
+    stalled_since: float | None = None
+    stack_dumps: list[str] = field(default_factory=list)
+    diagnoses: list[Diagnosis] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "state": self.state,
+            "phase": self.phase,
+            "health": self.health,
+            "stalled_since": self.stalled_since,
+            "stack_dumps": self.stack_dumps,
+            "diagnoses": self.diagnoses,
+        }
+
+
+class RunWatcher:
+    """The supervisor's watch over its child (a thread; `stop` ends it)."""
+
+    def __init__(self, run: RunDir, spec: RunSpec, child: procinfo.ProcIdentity, sampler: GpuSampler | None) -> None:
+        self.run = run
+        self.child = child
+        self.sampler = sampler
+        self.window = stall_window(spec)
+        self.url = health_url(spec)
+        self.reader = sglang_log.OutputReader()
+        self.watch = Watch()
+        self.offset = 0
+        self.last_output = time.monotonic()
+        self.last_health = 0.0
+        self.last_activity = 0.0
+        self.failed_polls = 0
+        self.samples: deque[Activity] = deque()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="run-watch", daemon=True)
+
+    def start(self) -> None:
+        self._save()
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._read_output()  # the last lines before the exit still count (a failure printed as it died)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(TICK_S):
+            self.tick(time.monotonic())
+
+    def tick(self, now: float) -> None:
+        if self._read_output():
+            self.last_output = now
+            if self.watch.state == "stalled":
+                self._resume(now, "output")
+        if self.url is not None and now - self.last_health >= HEALTH_EVERY_S:
+            self.last_health = now
+            self._health(now)
+        if self.window is not None and self.watch.state != "ready" and now - self.last_activity >= ACTIVITY_EVERY_S:
+            self.last_activity = now
+            self._activity(now)
+
+    def _read_output(self) -> bool:
+        try:
+            with open(self.run.file(OUTPUT), "rb") as log:
+                log.seek(self.offset)
+                data = log.read()
+        except OSError:
+            return False
+        if not data:
+            return False
+        self.offset += len(data)
+        events = self.reader.feed(data)
+        for event in events:
+            if event.kind == "phase":
+                self.run.append_event("phase", phase=event.name, line=event.line)
+            else:
+                known = sglang_log.failure(event.name)
+                found = Diagnosis(code=known.code, meaning=known.meaning, hint=known.hint, line=event.line)
+                self.run.append_event("diagnosis", **found)
+                self.watch.diagnoses.append(found)
+        if events or self.reader.where() != self.watch.phase:
+            self.watch.phase = self.reader.where()
+            self._save()
+        if self.url is None and self.reader.phase == "ready" and self.watch.state != "ready":
+            self._set_state("ready")
+        return True
+
+    def _health(self, now: float) -> None:
+        status = poll_health(self.url or "")
+        if status != self.watch.health:
+            self.run.append_event("health", status=status)
+            self.watch.health = status
+            self._save()
+        if status == "ok":
+            self.failed_polls = 0
+            if self.watch.state != "ready":
+                self._set_state("ready")
+        elif self.watch.state == "ready":
+            self.failed_polls += 1
+            if self.failed_polls >= HEALTH_LOST_AFTER:
+                self.last_output = now  # the stall clock starts when the server stopped being healthy
+                self.samples.clear()
+                self._set_state("running")
+
+    def _activity(self, now: float) -> None:
+        stats = procinfo.live_stats()
+        members = procinfo.run_processes(self.child, stats)
+        sample = Activity(now, {s.pid: s.cpu_ticks for s in stats if s.pid in members}, self._gpu_util(members))
+        self.samples.append(sample)
+        assert self.window is not None
+        while len(self.samples) > 2 and self.samples[1].at <= now - self.window:
+            self.samples.popleft()
+        if self.watch.state == "stalled":
+            if len(self.samples) >= 2 and not self._idle([self.samples[-2], sample]):
+                self._resume(now, "activity")
+            return
+        silent = now - self.last_output
+        window = list(self.samples)
+        if silent >= self.window and now - window[0].at >= self.window * 0.8 and self._idle(window):
+            self._stalled(now, silent, busiest_cpu_percent(window[0], sample), sample, members)
+
+    @staticmethod
+    def _idle(samples: list[Activity]) -> bool:
+        """No process used the CPU across the samples, and no GPU of the run was busy in any of them."""
+        gpus_idle = all(u is None or u < IDLE_GPU_PERCENT for s in samples for u in s.gpu_util.values())
+        return gpus_idle and busiest_cpu_percent(samples[0], samples[-1]) < IDLE_CPU_PERCENT
+
+    def _gpu_util(self, members: dict[int, procinfo.ProcIdentity]) -> dict[int, int | None]:
+        if self.sampler is None:
+            return {}
+        return {
+            gpu["index"]: gpu["util"]
+            for gpu in self.sampler.sample()
+            if any(p["pid"] in members for p in gpu["processes"])
+        }
+
+    def _stalled(
+        self, now: float, silent: float, cpu: float, sample: Activity, members: dict[int, procinfo.ProcIdentity]
+    ) -> None:
+        self.watch.stalled_since = time.time() - silent
+        self.run.append_event(
+            "stalled",
+            phase=self.watch.phase,
+            silent_s=round(silent, 1),
+            cpu_percent=round(cpu, 1),
+            gpu_util={str(k): v for k, v in sample.gpu_util.items()},
+        )
+        self._set_state("stalled")
+        dump = dump_stacks(self.run, sorted(members))
+        self.watch.stack_dumps.append(dump.name)
+        self.run.append_event("stacks", file=f"{STACKS}/{dump.name}", pids=sorted(members))
+        self._save()
+
+    def _resume(self, now: float, why: str) -> None:
+        since = self.watch.stalled_since
+        self.run.append_event("resumed", by=why, stalled_s=round(time.time() - since, 1) if since else None)
+        self.watch.stalled_since = None
+        self.samples.clear()
+        self.last_output = now if why == "output" else self.last_output
+        self._set_state("ready" if self.watch.health == "ok" else "running")
+
+    def _set_state(self, state: str) -> None:
+        self.watch.state = state
+        self.run.append_event("state", state=state)
+        self._save()
+
+    def _save(self) -> None:
+        atomic_write_json(self.run.file(WATCH), self.watch.to_json())
+
+
+def py_spy() -> str | None:
+    """py-spy's program: on PATH, or next to this interpreter (a venv's bin)."""
+    beside = Path(sys.executable).parent / "py-spy"
+    return shutil.which("py-spy") or (str(beside) if beside.is_file() else None)
+
+
+def dump_stacks(run: RunDir, pids: list[int]) -> Path:
+    """Every process's stack in one file under stacks/, written atomically; its path."""
+    folder = run.file(STACKS)
+    folder.mkdir(exist_ok=True)
+    path = folder / time.strftime("%Y%m%d-%H%M%S.txt", time.gmtime())
+    tool = py_spy()
+    sections = [_stack_of(pid, tool) for pid in pids]
+    if tool is None:
+        sections.insert(0, "py-spy is not installed on this host: kernel-side facts only (pip install py-spy)\n")
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text("\n".join(sections))
+    tmp.replace(path)
+    return path
+
+
+def _stack_of(pid: int, tool: str | None) -> str:
+    header = f"=== pid {pid}: {_read(f'/proc/{pid}/cmdline').replace(chr(0), ' ').strip()}\n"
+    if tool is not None:
+        try:
+            done = subprocess.run(
+                [tool, "dump", "--pid", str(pid)], capture_output=True, text=True, timeout=STACK_TIMEOUT_S, check=False
+            )
+            if done.returncode == 0:
+                return header + done.stdout
+            header += f"py-spy failed ({done.stderr.strip()[-300:]}); kernel-side facts:\n"
+        except subprocess.TimeoutExpired:
+            header += f"py-spy took over {STACK_TIMEOUT_S:.0f} s; kernel-side facts:\n"
+    state = next((line for line in _read(f"/proc/{pid}/status").splitlines() if line.startswith("State:")), "State: ?")
+    facts = [state.replace("\t", " "), f"wchan: {_read(f'/proc/{pid}/wchan') or '?'}"]
+    kernel = _read(f"/proc/{pid}/stack")
+    if kernel:
+        facts.append("kernel stack:\n" + kernel)
+    return header + "\n".join(facts) + "\n"
+
+
+def _read(path: str) -> str:
+    try:
+        return Path(path).read_text(errors="replace")
+    except OSError:
+        return ""

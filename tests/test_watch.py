@@ -1,0 +1,232 @@
+"""The run's watch as a user meets it: phases, failures explained, ready by health, stalled with every stack dumped.
+
+Real supervisors and real child processes; SGLang is the stand-in in
+tests/sglang_standin.py and the GPUs are the NVML double.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import socket
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from backends import sglang_log, watch
+from backends.runstore import RunSpec
+from tests.conftest import CLI, launch, run_info, wait_for, wait_state
+from tests.fake_nvml import gpu, write_state
+
+STARTUP_0_5_23 = """\
+[2026-11-29 07:00:00] Init parallel begin.
+[2026-11-29 07:00:01] Init parallel ends. elapsed=1.21 s
+[2026-11-29 07:00:01] Load weight begin. avail mem=139.52 GB
+Loading safetensors checkpoint shards:  50% Completed | 1/2 [00:01<00:01, 1.5it/s]\r\
+Loading safetensors checkpoint shards: 100% Completed | 2/2 [00:02<00:00, 1.5it/s]
+[2026-11-29 07:00:03] Load weight end. elapsed=2.1 s, type=LlamaForCausalLM, dtype=torch.bfloat16, avail mem=124.3 GB
+[2026-11-29 07:00:03] Load weight begin. avail mem=124.3 GB
+[2026-11-29 07:00:04] Load weight end. elapsed=0.4 s, type=LlamaForCausalLMEagle3, dtype=torch.bfloat16, avail=1
+[2026-11-29 07:00:04] KV Cache is allocated. #tokens: 500000, K size: 30.52 GB, V size: 30.52 GB
+[2026-11-29 07:00:04] Memory pool end. avail mem=20.05 GB
+[2026-11-29 07:00:05] Capture target verify CUDA graph begin. This can take up to several minutes. avail mem=20.05 GB
+[2026-11-29 07:00:06] Capture target verify CUDA graph end. Time elapsed: 0.21 s. mem usage=0.25 GB.
+[2026-11-29 07:00:06] Capture draft decode CUDA graph begin. This can take up to several minutes. avail mem=19.80 GB
+[2026-11-29 07:00:07] Capture draft extend CUDA graph begin. This can take up to several minutes. avail mem=19.75 GB
+[2026-11-29 07:00:08] max_total_num_tokens=500000, chunked_prefill_size=8192
+[2026-11-29 07:00:08] INFO:     Uvicorn running on http://127.0.0.1:30000 (Press CTRL+C to quit)
+[2026-11-29 07:00:09] The server is fired up and ready to roll!
+"""
+PHASES_0_5_23 = [
+    "init", "load-weights", "memory-pool", "draft-load-weights", "draft-memory-pool", "cuda-graph",
+    "draft-cuda-graph", "http", "ready",
+]  # fmt: skip
+
+STARTUP_0_5_5_TP2 = """\
+[2026-11-29 07:00:00 TP0] Init torch distributed begin.
+[2026-11-29 07:00:00 TP1] Init torch distributed begin.
+[2026-11-29 07:00:01 TP0] Load weight begin. avail mem=139.52 GB
+[2026-11-29 07:00:01 TP1] Load weight begin. avail mem=139.52 GB
+[2026-11-29 07:00:09 TP0] Load weight end. type=LlamaForCausalLM, dtype=torch.bfloat16, avail mem=124.31 GB
+[2026-11-29 07:00:09 TP1] Load weight end. type=LlamaForCausalLM, dtype=torch.bfloat16, avail mem=124.31 GB
+[2026-11-29 07:00:10 TP0] Capture cuda graph begin. This can take up to several minutes. avail mem=20.05 GB
+[2026-11-29 07:00:20 TP0] Init torch distributed begin.
+[2026-11-29 07:00:21 TP0] Load weight begin. avail mem=19.5 GB
+[2026-11-29 07:00:22 TP0] Capture draft cuda graph begin. This can take up to several minutes. avail mem=19 GB
+"""
+PHASES_0_5_5_TP2 = [
+    "init", "load-weights", "memory-pool", "cuda-graph", "draft-init", "draft-load-weights", "draft-cuda-graph",
+]  # fmt: skip
+
+FAILURE_LINES = {
+    "cuda-graph-capture": "Capture cuda graph failed: CUDA out of memory. Possible solutions: 1. set --mem-fraction",
+    "nccl-timeout": "[rank3]:[E1129 07:10:00.1 ProcessGroupNCCL.cpp:632] [Rank 3] Watchdog caught collective operation "
+    "timeout: WorkNCCL(SeqNum=5, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=600000) ran for 600123 "
+    "milliseconds before timing out.",
+    "scheduler-died": "Rank 0 scheduler died during initialization (exit code: -9). If exit code is -9 (SIGKILL), a "
+    "common cause is the OS OOM killer",
+    "port-in-use": "OSError: [Errno 98] Address already in use",
+    "context-length": "ValueError: Target model's context_length (131072) is greater than the derived context_length "
+    "(2048). This may lead to incorrect model outputs or CUDA errors.",
+}
+
+
+def phases(text: str) -> list[str]:
+    reader = sglang_log.OutputReader()
+    return [e.name for e in reader.feed(text.encode()) if e.kind == "phase"]
+
+
+def test_startup_phases_of_both_releases_are_named_in_order_and_the_draft_is_told_apart() -> None:
+    assert phases(STARTUP_0_5_23) == PHASES_0_5_23
+    assert phases(STARTUP_0_5_5_TP2) == PHASES_0_5_5_TP2
+
+
+def test_a_progress_bar_tells_how_far_the_phase_got() -> None:
+    reader = sglang_log.OutputReader()
+    reader.feed(b"[2026-11-29 07:00:01] Load weight begin. avail mem=139.52 GB\n")
+    reader.feed(b"Loading safetensors checkpoint shards:  45% Completed | 29/64 [00:10<00:12, 2.9it/s]\r")
+    assert reader.where() == "load-weights (29/64)"
+
+
+@given(cuts=st.lists(st.integers(min_value=0, max_value=len(STARTUP_0_5_23)), max_size=20))
+def test_output_read_in_any_pieces_gives_the_same_events(cuts: list[int]) -> None:
+    data = (STARTUP_0_5_23 + "\n".join(FAILURE_LINES.values()) + "\n").encode()
+    reader = sglang_log.OutputReader()
+    bounds = [0, *sorted(cuts), len(data)]
+    events = [e for a, b in itertools.pairwise(bounds) for e in reader.feed(data[a:b])]
+    whole = sglang_log.OutputReader().feed(data)
+    assert [(e.kind, e.name) for e in events] == [(e.kind, e.name) for e in whole]
+
+
+def test_each_failure_is_recognised_once_with_what_it_means_and_what_to_try() -> None:
+    reader = sglang_log.OutputReader()
+    text = "\n".join([*FAILURE_LINES.values(), *FAILURE_LINES.values(), "Decode batch, #running-req: 1"]) + "\n"
+    found = [e.name for e in reader.feed(text.encode()) if e.kind == "failure"]
+    assert found == list(FAILURE_LINES)
+    assert "--disable-cuda-graph" in sglang_log.failure("cuda-graph-capture").hint
+    assert "OOM killer" in sglang_log.failure("scheduler-died").hint
+
+
+def test_a_serve_command_is_health_polled_on_the_port_it_names() -> None:
+    def spec(*argv: str, kind: str = "serve", url: str | None = None) -> RunSpec:
+        return RunSpec(kind=kind, name="s", argv=list(argv), health_url=url)
+
+    server = ("python", "-m", "sglang.launch_server", "--model-path", "m")
+    assert watch.health_url(spec(*server)) == "http://127.0.0.1:30000/health"
+    assert watch.health_url(spec(*server, "--host", "0.0.0.0", "--port=8001")) == "http://127.0.0.1:8001/health"
+    assert watch.health_url(spec("python", "serve.py", url="http://10.0.0.2:9/h")) == "http://10.0.0.2:9/h"
+    assert watch.health_url(spec(*server, kind="command")) is None
+    assert watch.stall_window(spec(*server)) == watch.DEFAULT_STALL_AFTER_S
+    assert watch.stall_window(spec("sleep", "9", kind="command")) is None
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def serve(cli: CLI, *standin: str, stall_after: str = "2") -> tuple[str, int]:
+    port = free_port()
+    run_id = launch(
+        cli, "serve", "--stall-after", stall_after, "--health-url", f"http://127.0.0.1:{port}/health", "--",
+        sys.executable, "-m", "tests.sglang_standin", "--port", str(port), *standin,
+    )  # fmt: skip
+    return run_id, port
+
+
+def events(workdir: Path, run_id: str) -> list[dict[str, Any]]:
+    lines = (workdir / "runs" / run_id / "events.jsonl").read_text().splitlines()
+    return [json.loads(line) for line in lines]
+
+
+def test_a_launch_that_hangs_while_loading_is_stalled_in_that_phase_with_every_stack_dumped(
+    cli: CLI, workdir: Path
+) -> None:
+    run_id, _ = serve(cli, "--hang-in", "load-weights")
+    info = wait_state(cli, run_id, {"stalled"}, timeout=30)
+    assert info["phase"] == "load-weights (4/8)"
+    assert info["stalled_since"] is not None and info["health"] == "refused"
+    stalled = next(e for e in events(workdir, run_id) if e["type"] == "stalled")
+    assert stalled["phase"] == "load-weights (4/8)" and stalled["silent_s"] >= 2 and stalled["cpu_percent"] < 5
+    [dump] = info["stack_dumps"]
+    stacks = (workdir / "runs" / run_id / dump).read_text()
+    # Every process of the run; the server and its scheduler each with the Python frames where it sleeps.
+    dumped = next(e for e in events(workdir, run_id) if e["type"] == "stacks")
+    assert stacks.count("=== pid ") == len(dumped["pids"]) >= 2 and stacks.count("hang_forever") == 2
+    assert "load_weights" in stacks and "scheduler" in stacks
+    text = cli("status").stdout.decode()
+    assert "stalled" in text and "load-weights (4/8)" in text and dump in text
+    cli("kill", run_id, "--grace", "1")
+
+
+def test_a_server_that_comes_up_is_ready_by_its_health_and_is_not_stalled_while_idle(cli: CLI, workdir: Path) -> None:
+    run_id, _ = serve(cli)
+    info = wait_state(cli, run_id, {"ready"}, timeout=30)
+    assert info["health"] == "ok" and info["phase"] == "ready"
+    names = [e["phase"] for e in events(workdir, run_id) if e["type"] == "phase"]
+    assert names == PHASES_0_5_23
+    health = [e["status"] for e in events(workdir, run_id) if e["type"] == "health"]
+    assert health[0] == "refused" and health[-1] == "ok"
+    time.sleep(5)  # more than twice the stall window, silent and idle: a ready server is idle by right
+    assert run_info(cli, run_id)["state"] == "ready"
+    cli("kill", run_id, "--grace", "1")
+
+
+def test_a_failed_cuda_graph_capture_is_explained_with_what_to_try(cli: CLI) -> None:
+    run_id, _ = serve(cli, "--fail-in", "cuda-graph")
+    info = wait_state(cli, run_id, {"failed"})
+    codes = [d["code"] for d in info["diagnoses"]]
+    assert codes == ["cuda-graph-capture", "scheduler-exception"]
+    assert info["phase"] == "cuda-graph"
+    text = cli("status").stdout.decode()
+    assert "cuda-graph-capture" in text and "--disable-cuda-graph" in text
+
+
+def test_silence_alone_is_not_a_stall_while_the_run_computes_or_shows_progress(cli: CLI) -> None:
+    busy = launch(cli, "train", "--stall-after", "2", "--", sys.executable, "-c", "while True: pass")
+    bar = "import sys, time\nfor i in range(60):\n    print(f'step {i}%|', end='\\r', flush=True); time.sleep(0.5)"
+    progress = launch(cli, "train", "--stall-after", "2", "--", sys.executable, "-c", bar)
+    time.sleep(7)
+    assert run_info(cli, busy)["state"] == "running"
+    assert run_info(cli, progress)["state"] == "running"
+    cli("kill", busy, "--grace", "1")
+    cli("kill", progress, "--grace", "1")
+
+
+def test_a_silent_process_on_a_busy_gpu_is_not_stalled_until_the_gpu_goes_idle(
+    cli: CLI, workdir: Path, nvml_state: Path
+) -> None:
+    run_id = launch(cli, "train", "--stall-after", "2", "--", sys.executable, "-c", "import time; time.sleep(60)")
+    pid = wait_for(lambda: run_info(cli, run_id)["pid"], what="the child's pid")
+    write_state(nvml_state, [gpu(util=100, processes=[(pid, 4096)])])
+    time.sleep(6)
+    assert run_info(cli, run_id)["state"] == "running"
+    write_state(nvml_state, [gpu(util=0, processes=[(pid, 4096)])])
+    wait_state(cli, run_id, {"stalled"}, timeout=20)
+    stalled = next(e for e in events(workdir, run_id) if e["type"] == "stalled")
+    assert stalled["gpu_util"] == {"0": 0}
+    cli("kill", run_id, "--grace", "1")
+
+
+def test_output_after_a_stall_resumes_the_run(cli: CLI, workdir: Path) -> None:
+    script = "import time\nprint('loading', flush=True)\ntime.sleep(6)\nprint('loaded', flush=True)\ntime.sleep(60)"
+    run_id = launch(cli, "extract", "--stall-after", "2", "--", sys.executable, "-c", script)
+    wait_state(cli, run_id, {"stalled"}, timeout=20)
+    wait_state(cli, run_id, {"running"}, timeout=20)
+    resumed = next(e for e in events(workdir, run_id) if e["type"] == "resumed")
+    assert resumed["by"] == "output" and resumed["stalled_s"] > 0
+    cli("kill", run_id, "--grace", "1")
+
+
+def test_an_nccl_timeout_in_a_training_run_is_explained(cli: CLI) -> None:
+    line = FAILURE_LINES["nccl-timeout"]
+    run_id = launch(cli, "train", "--", sys.executable, "-c", f"print({line!r}); raise SystemExit(1)")
+    info = wait_state(cli, run_id, {"failed"})
+    [diagnosis] = info["diagnoses"]
+    assert diagnosis["code"] == "nccl-timeout" and "NCCL_DEBUG=INFO" in diagnosis["hint"]
