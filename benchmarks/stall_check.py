@@ -1,0 +1,130 @@
+"""Stall detection against real GPU processes (run on the lent H200), through the CLI and a real agent.
+
+    PYTHONPATH=. python3 -m benchmarks.stall_check [--stall-after 30]
+
+Three `train` runs, watched with real NVML (one GPU: `busy` runs after the others,
+since its GPU's activity would also count for `hung`):
+1. hung: allocates 4.6 GB on GPU 0, prints a SGLang-like `Load weight begin`
+   line, then sleeps holding its CUDA context (a launch that hangs silently);
+2. chatty, beside it: prints a progress bar every second, GPU idle;
+3. busy, afterwards: bf16 matmuls on GPU 0 for the whole check, printing nothing.
+Expected: only `hung` becomes `stalled`, about --stall-after seconds after its
+last line, in phase `load-weights`, with its stack dumped. Prints a table: the
+state each run ended the check in, when `hung` was called stalled (seconds
+after its last output line), and what its stack dump holds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from benchmarks._common import print_table
+
+HUNG = (
+    "import time, torch\n"
+    "x = torch.empty(int(4.6e9), dtype=torch.uint8, device='cuda')\n"
+    "torch.cuda.synchronize()\n"
+    "print('[2026-11-29 07:00:01] Load weight begin. avail mem=139.52 GB', flush=True)\n"
+    "print(f'last output at {time.time()}', flush=True)\n"
+    "while True:\n    time.sleep(3600)\n"
+)
+BUSY = (
+    "import time, torch\n"
+    "a = torch.randn(8192, 8192, device='cuda', dtype=torch.bfloat16)\n"
+    "end = time.time() + {seconds}\n"
+    "while time.time() < end:\n    b = a @ a\n    torch.cuda.synchronize()\n"
+)
+CHATTY = (
+    "import time\nfor i in range({seconds}):\n    print(f'step {{i}} 10%|#', end='\\r', flush=True); time.sleep(1)\n"
+)
+
+
+def console(workdir: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-m", "console", "--workdir", str(workdir), "local", *args]
+    return subprocess.run(command, capture_output=True, text=True, check=False, timeout=120)
+
+
+def launch(workdir: Path, name: str, stall_after: float, script: str) -> str:
+    flags = ["--name", name, "--stall-after", str(stall_after)]
+    done = console(workdir, "launch", "train", *flags, "--", "python3", "-c", script)
+    if done.returncode != 0:
+        raise SystemExit(f"launch {name} failed: {done.stderr.strip()}")
+    return done.stdout.strip()
+
+
+def runs(workdir: Path) -> dict[str, dict[str, Any]]:
+    status = json.loads(console(workdir, "status", "--json").stdout)
+    return {r["name"]: r for r in status["runs"]}
+
+
+def last_live_state(workdir: Path, run_id: str) -> str:
+    """The run's last state before our kill (from its events)."""
+    lines = (workdir / "runs" / run_id / "events.jsonl").read_text().splitlines()
+    states = [e["state"] for e in map(json.loads, lines) if e["type"] == "state" and e["state"] != "killed"]
+    return str(states[-1]) if states else "?"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--stall-after", type=float, default=30.0)
+    args = parser.parse_args()
+    workdir = Path(tempfile.mkdtemp(prefix="stall-check-"))
+    check_s = args.stall_after + 25
+    seconds = int(check_s) + 30
+    ids = {
+        "hung": launch(workdir, "hung", args.stall_after, HUNG),
+        "chatty": launch(workdir, "chatty", args.stall_after, CHATTY.format(seconds=seconds)),
+    }
+    started = time.time()
+    stalled_seen: float | None = None
+    gpu_util: list[int] = []
+    while time.time() - started < check_s:
+        status = json.loads(console(workdir, "status", "--json").stdout)
+        state = {r["name"]: r for r in status["runs"]}
+        if stalled_seen is None and state["hung"]["state"] == "stalled":
+            stalled_seen = time.time()
+        gpu_util += [g["util"] for g in status["gpus"][:1] if g["util"] is not None]
+        time.sleep(1)
+    for run_id in ids.values():
+        console(workdir, "kill", run_id, "--grace", "2")
+    ids["busy"] = launch(workdir, "busy", args.stall_after, BUSY.format(seconds=seconds))
+    time.sleep(check_s)
+    final = runs(workdir)
+    hung_dir = workdir / "runs" / ids["hung"]
+    output = (hung_dir / "output.log").read_text()
+    last_output = float(output.split("last output at ")[1].split()[0])
+    events = [json.loads(line) for line in (hung_dir / "events.jsonl").read_text().splitlines()]
+    stalled = next((e for e in events if e["type"] == "stalled"), None)
+    dumps = final["hung"]["stack_dumps"] or []
+    stack = (hung_dir / dumps[0]).read_text() if dumps else ""
+    console(workdir, "kill", ids["busy"], "--grace", "2")
+    expected = {"hung": "stalled", "busy": "running", "chatty": "running"}
+    rows = [[name, expected[name], last_live_state(workdir, ids[name]), str(final[name]["phase"])] for name in ids]
+    print(f"stall window {args.stall_after:.0f} s; GPU 0 utilisation seen during the check: {sorted(set(gpu_util))}")
+    print_table(rows, ("run", "expected", "last state before the kill", "phase"))
+    detected = stalled["t"] - last_output if stalled else float("nan")
+    polled = stalled_seen - last_output if stalled_seen else float("nan")
+    print()
+    print_table(
+        [
+            ["stalled event, s after the last output line", f"{detected:.1f}", f"{args.stall_after:.0f}"],
+            ["state seen by a status poll, s after it", f"{polled:.1f}", f"{args.stall_after:.0f}"],
+            ["busiest process CPU in the window (%)", str(stalled and stalled["cpu_percent"]), "< 5"],
+            ["GPU utilisation in the stalled event", str(stalled and stalled["gpu_util"]), "< 5"],
+            ["stack dump has Python frames (py-spy)", str("(<string>" in stack), "True"],
+        ],
+        ("metric", "measured", "expected"),
+    )
+    print("\n--- stack dump of the hung run ---\n" + stack[:2000])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
