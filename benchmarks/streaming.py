@@ -12,6 +12,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
+import contextlib
+import json
 import os
 import sys
 import tempfile
@@ -52,13 +54,18 @@ async def measure(seconds: float, lines_per_s: int, rows_per_s: int, workdir: Pa
         "launch", kind="train", argv=[sys.executable, "-c", WRITER, str(lines_per_s), str(rows_per_s), str(seconds)]
     )
     sub = await client.subscribe(run=launched["run"])
-    cpu0, t0 = cpu_seconds(hello["pid"]), time.monotonic()
+    proc = json.loads((workdir / "runs" / launched["run"] / "proc.json").read_text())
+    supervisor = proc["supervisor"]["pid"]
+    cpu0, sup0, t0 = cpu_seconds(hello["pid"]), cpu_seconds(supervisor), time.monotonic()
+    sup_last = (sup0, t0)
     lags: list[float] = []
     expected_line = expected_row = 0
     order_errors = 0
     partial = b""
     async for msg in sub:
         arrived = time.time()
+        with contextlib.suppress(OSError):  # the supervisor leaves when the run ends
+            sup_last = (cpu_seconds(supervisor), time.monotonic())
         if msg["stream"] == "log":
             data = partial + base64.b64decode(msg["data_b64"])
             *complete, partial = data.split(b"\n")
@@ -81,6 +88,7 @@ async def measure(seconds: float, lines_per_s: int, rows_per_s: int, workdir: Pa
         "p50_ms": percentile(lags, 50) * 1000,
         "p99_ms": percentile(lags, 99) * 1000,
         "cpu": cpu,
+        "supervisor_cpu": (sup_last[0] - sup0) / max(sup_last[1] - t0, 1e-9) * 100,
     }
 
 
@@ -105,6 +113,7 @@ def main() -> int:
             ("lag p50, ms", f"{r['p50_ms']:.1f}", "-", "-"),
             ("lag p99, ms", f"{r['p99_ms']:.1f}", "250", f"{r['p99_ms'] / 250:.2f}"),
             ("agent CPU, % of one core", f"{r['cpu']:.1f}", "-", "-"),
+            ("the run's supervisor CPU (its watch reads every line), %", f"{r['supervisor_cpu']:.1f}", "-", "-"),
         ]
     )
     return 0
