@@ -9,6 +9,10 @@ DEMO_TRAIN_ARGS ?= --steps 400 --batch-size 8 --lr 3e-3 --log-every 20 --eval-ev
 
 .PHONY: demo test lint typecheck unit clean
 
+# The SSH tests run a real OpenSSH server on 127.0.0.1 (Debian's openssh-server).
+SSHD := /usr/sbin/sshd
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+
 # SGLang's argument parser for the serve-flag tests: sglang without its runtime dependencies, kept out of
 # .venv (the tests reach it through PYTHONPATH, as a serve command's own environment would).
 SGLANG_PARSER ?= .sglang-parser
@@ -48,7 +52,11 @@ $(SGLANG_PARSER)/.installed: sglang-parser-requirements.txt | $(VENV)/.installed
 	$(PY) -m pip install -q --target $(SGLANG_PARSER) -r sglang-parser-requirements.txt
 	touch $@
 
-unit: $(VENV)/.installed $(SGLANG_PARSER)/.installed
+$(SSHD):
+	$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -q openssh-server || \
+		($(SUDO) apt-get update -q && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -q openssh-server)
+
+unit: $(VENV)/.installed $(SGLANG_PARSER)/.installed $(SSHD)
 	EAGLE3_SGLANG_PARSER_PATH=$(abspath $(SGLANG_PARSER)) $(PY) -m pytest -q
 
 test: lint typecheck unit

@@ -21,6 +21,7 @@ from backends.metrics_sources import parse_source
 from backends.protocol import RUN_KINDS, SIGNAL_NAMES
 from console import render
 from console.client import AgentClient, AgentError
+from console.ssh_transport import SSHTransport
 from console.transport import LocalTransport, Transport, TransportError
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
@@ -78,10 +79,11 @@ def build_parser() -> Parser:
     parser = Parser(
         prog="eagle3-console",
         description="Train, serve and debug EAGLE-3 drafts on a GPU host.",
-        epilog="HOST is 'local' (this machine). Run 'eagle3-console HOST COMMAND --help' for a command's options.",
+        epilog="HOST is 'local' (this machine) or [user@]host[:port] (over SSH; ~/.ssh/config applies). "
+        "Run 'eagle3-console HOST COMMAND --help' for a command's options.",
     )
     parser.add_argument("--workdir", type=Path, help="run store on the host (default ~/.eagle3-console)")
-    parser.add_argument("host", metavar="HOST", help="'local'")
+    parser.add_argument("host", metavar="HOST", help="'local', or [user@]host[:port] over SSH")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
 
     p = sub.add_parser("status", help="runs and GPUs")
@@ -194,7 +196,10 @@ def as_flag(text: str) -> str:
 def make_transport(host: str, workdir: Path | None) -> Transport:
     if host == "local":
         return LocalTransport(workdir)
-    raise UsageError(f"unknown HOST {host!r}: this version connects to 'local' only")
+    try:
+        return SSHTransport(host, workdir)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def out(text: str) -> None:

@@ -1,7 +1,7 @@
 """Transports to the host agent: one interface, one implementation per kind of host.
 
 The client speaks JSON lines over whatever a transport gives it; `local` runs
-the agent as a subprocess, SSH (a later issue) will run it over an SSH channel.
+the agent as a subprocess; `ssh_transport` runs it on a host over an SSH channel.
 """
 
 from __future__ import annotations

@@ -20,8 +20,29 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture
-def workdir(tmp_path: Path) -> Path:
-    return tmp_path / "work"
+def workdir(tmp_path: Path) -> Iterator[Path]:
+    """The run store of one test; whatever runs it started are killed afterwards, even when the test failed."""
+    path = tmp_path / "work"
+    yield path
+    from backends import runctl
+    from backends.runstore import RunStore
+
+    if (path / "runs").is_dir():
+        for run in RunStore(path).all():
+            if runctl.has_live_processes(run):
+                runctl.kill(run, "KILL", 0)
+
+
+@pytest.fixture(scope="session")
+def sshd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """A real OpenSSH server on 127.0.0.1 (installed by `make test`), and a client HOME that trusts it."""
+    from tests.sshd import SSHD, start_sshd
+
+    if not SSHD.is_file():
+        pytest.skip(f"{SSHD} is missing: `make test` installs openssh-server")
+    server = start_sshd(tmp_path_factory.mktemp("sshd"))
+    yield server
+    server.stop()
 
 
 @pytest.fixture

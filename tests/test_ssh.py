@@ -1,0 +1,124 @@
+"""The SSH transport against a real OpenSSH server: the same commands as `local`, the upload, and refusals.
+
+The "GPU host" is this machine reached through sshd on 127.0.0.1, so a run
+launched over SSH is a real process whose files the test can read.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from console.ssh_transport import backends_version, parse_host
+from tests.conftest import REPO, wait_for
+from tests.sshd import ALIAS, Sshd, keygen
+
+PRINTER = "import sys\nprint('hello from the host')\nsys.stdout.write('progress 50%\\r')\nraise SystemExit(3)"
+
+
+def console(
+    sshd: Sshd, host: str, workdir: Path, *args: str, home: Path | None = None
+) -> subprocess.CompletedProcess[str]:
+    """The CLI as a user runs it; output decoded with its carriage returns kept (logs are byte-exact)."""
+    done = subprocess.run(
+        [sys.executable, "-m", "console", "--workdir", str(workdir), host, *args],
+        cwd=REPO,
+        env=sshd.env(home),
+        capture_output=True,
+        timeout=120,
+        check=False,
+    )
+    return subprocess.CompletedProcess(done.args, done.returncode, done.stdout.decode(), done.stderr.decode())
+
+
+@given(
+    user=st.one_of(st.none(), st.from_regex(r"[a-z_][a-z0-9_.-]{0,15}", fullmatch=True)),
+    host=st.from_regex(r"[a-z0-9]([a-z0-9.-]{0,30}[a-z0-9])?", fullmatch=True),
+    port=st.one_of(st.none(), st.integers(1, 65535)),
+)
+def test_a_host_spec_is_read_back_whole(user: str | None, host: str, port: int | None) -> None:
+    spec = (f"{user}@" if user else "") + host + (f":{port}" if port else "")
+    assert parse_host(spec) == (user, host, port)
+
+
+@pytest.mark.parametrize("spec", ["", "a@b@c", "host:99999", "host:port", "user@", "two words"])
+def test_a_malformed_host_is_a_usage_error(spec: str, tmp_path: Path) -> None:
+    with pytest.raises(ValueError):
+        parse_host(spec)
+    done = subprocess.run(
+        [sys.executable, "-m", "console", spec, "status"], cwd=REPO, capture_output=True, text=True, check=False
+    )
+    assert done.returncode == 2 and done.stderr.count("\n") == 1 and "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize("host", ["local", ALIAS])
+def test_the_same_commands_work_over_ssh_as_locally(sshd: Sshd, host: str, tmp_path: Path) -> None:
+    workdir = tmp_path / "work"
+    launched = console(sshd, host, workdir, "launch", "command", "--name", "printer", "--", "python3", "-c", PRINTER)
+    assert launched.returncode == 0, launched.stderr
+    run_id = launched.stdout.strip()
+
+    def ended() -> dict[str, object] | None:
+        status = json.loads(console(sshd, host, workdir, "status", "--json").stdout)
+        run = next(r for r in status["runs"] if r["id"] == run_id)
+        return run if run["state"] == "failed" else None
+
+    run = wait_for(ended, timeout=30, what="the run to end")
+    assert run["exit_code"] == 3 and run["name"] == "printer"
+    logs = console(sshd, host, workdir, "logs", "printer")
+    assert logs.returncode == 0
+    assert logs.stdout == (workdir / "runs" / run_id / "output.log").read_bytes().decode()
+    assert "hello from the host" in logs.stdout and "progress 50%\r" in logs.stdout
+    follow = console(sshd, host, workdir, "logs", "printer", "--follow")
+    assert follow.returncode == 0 and follow.stdout == logs.stdout
+
+
+def test_the_agent_is_uploaded_once_per_version_and_then_reused(sshd: Sshd, tmp_path: Path) -> None:
+    workdir = tmp_path / "work"
+    assert console(sshd, ALIAS, workdir, "status").returncode == 0
+    agent = workdir / "agent" / backends_version() / "backends"
+    uploaded = {p.relative_to(agent): p.stat().st_mtime_ns for p in agent.rglob("*.py")}
+    local = {
+        p.relative_to(REPO / "backends") for p in (REPO / "backends").rglob("*.py") if "__pycache__" not in p.parts
+    }
+    assert set(uploaded) == local
+    assert console(sshd, ALIAS, workdir, "status").returncode == 0
+    assert {p.relative_to(agent): p.stat().st_mtime_ns for p in agent.rglob("*.py")} == uploaded
+    assert [p.name for p in (workdir / "agent").iterdir()] == [backends_version()]  # no staging left behind
+
+
+def test_an_unknown_host_key_is_refused_with_what_to_do(sshd: Sshd, tmp_path: Path) -> None:
+    home = sshd.client_home(tmp_path / "home", known_hosts="")
+    done = console(sshd, ALIAS, tmp_path / "work", "status", home=home)
+    assert done.returncode == 1
+    assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr
+    assert "host key is not in ~/.ssh/known_hosts" in done.stderr and f"ssh {ALIAS}" in done.stderr
+    assert not (tmp_path / "work").exists()  # nothing was uploaded or started
+
+
+def test_a_changed_host_key_is_refused_too(sshd: Sshd, tmp_path: Path) -> None:
+    impostor = keygen(tmp_path / "impostor")
+    home = sshd.client_home(tmp_path / "home", known_hosts=f"[127.0.0.1]:{sshd.port} {impostor}\n")
+    done = console(sshd, ALIAS, tmp_path / "work", "status", home=home)
+    assert done.returncode == 1 and "host key" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_a_key_the_host_does_not_accept_is_permission_denied(sshd: Sshd, tmp_path: Path) -> None:
+    keygen(tmp_path / "other_key")
+    home = sshd.client_home(tmp_path / "home", key=tmp_path / "other_key")
+    done = console(sshd, ALIAS, tmp_path / "work", "status", home=home)
+    assert done.returncode == 1 and "permission denied" in done.stderr and done.stderr.count("\n") == 1
+
+
+def test_a_host_that_does_not_answer_is_reported_in_one_line(sshd: Sshd, tmp_path: Path) -> None:
+    from tests.sshd import free_port
+
+    done = console(sshd, f"127.0.0.1:{free_port()}", tmp_path / "work", "status")
+    assert done.returncode == 1
+    assert done.stderr.startswith("eagle3-console: cannot reach 127.0.0.1:") and done.stderr.count("\n") == 1
