@@ -20,7 +20,7 @@ from backends.doctor import format_result
 from backends.metrics_sources import parse_source
 from backends.protocol import RUN_KINDS, SIGNAL_NAMES
 from console import render
-from console.client import AgentClient, AgentError
+from console.client import AgentClient, AgentError, follow
 from console.ssh_transport import SSHTransport
 from console.transport import LocalTransport, Transport, TransportError
 
@@ -202,6 +202,11 @@ def make_transport(host: str, workdir: Path | None) -> Transport:
         raise UsageError(str(exc)) from None
 
 
+def note(text: str) -> None:
+    """A line for the person watching, on stderr (stdout stays the data)."""
+    print(f"eagle3-console: {text}", file=sys.stderr, flush=True)
+
+
 def out(text: str) -> None:
     print(text, flush=True)
 
@@ -313,28 +318,22 @@ async def cmd_logs(client: AgentClient, ns: argparse.Namespace, _: list[str]) ->
         offset = chunk["next_offset"]
     if not ns.follow:
         return EXIT_OK
-    sub = await client.subscribe(run=ns.run, offsets={"log": offset, "metrics": PAST_END, "events": PAST_END})
-    async for msg in sub:
+    async for msg in follow(client, ns.run, {"log": offset, "metrics": PAST_END, "events": PAST_END}, note):
         if msg["stream"] == "log":
             write_log(msg["data_b64"])
-    if client.closed_reason:
-        raise TransportError(client.closed_reason)
     return EXIT_OK
 
 
 async def follow_metrics(client: AgentClient, run: str, wide: bool = False) -> int:
     """Print metric rows as a live table until the run ends; its fate decides the exit code."""
     table = render.LiveTable(wide)
-    sub = await client.subscribe(run=run, offsets={"log": PAST_END, "events": PAST_END, "metrics": 0})
     final = None
-    async for msg in sub:
+    async for msg in follow(client, run, {"log": PAST_END, "events": PAST_END, "metrics": 0}, note):
         if msg["stream"] == "metrics":
             for line in table.lines([r for r in msg["rows"] if isinstance(r, dict)]):
                 out(line)
         elif msg["stream"] == "end":
             final = msg["state"]
-    if final is None:
-        raise TransportError(client.closed_reason or "the stream ended before the run did")
     print(f"eagle3-console: run {run} {final}", file=sys.stderr)
     return EXIT_OK if final == "exited" else EXIT_FAILED
 

@@ -11,7 +11,8 @@ import asyncio
 import contextlib
 import itertools
 import json
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from backends import protocol
@@ -90,6 +91,15 @@ class AgentClient:
                 await self._reader
         await self.transport.close()
 
+    async def reconnect(self) -> dict[str, Any]:
+        """A fresh agent over a fresh connection; subscriptions must be made again (from their offsets)."""
+        await self.close()
+        self._pending.clear()
+        self._subs.clear()
+        self._early.clear()
+        self.closed_reason = None
+        return await self.start()
+
     async def request(self, op: str, **args: Any) -> Any:
         request_id = next(self._ids)
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
@@ -149,3 +159,36 @@ class AgentClient:
         else:
             error = msg.get("error") or {}
             future.set_exception(AgentError(str(error.get("code")), str(error.get("message")), error.get("details")))
+
+
+RECONNECT_BACKOFF_S = (1.0, 2.0, 4.0, 8.0, 15.0, 30.0)
+
+
+async def follow(
+    client: AgentClient, run: str, offsets: dict[str, int], notify: Callable[[str], None]
+) -> AsyncIterator[dict[str, Any]]:
+    """A run's stream messages from `offsets` until its end, across lost connections.
+
+    When the link drops (laptop asleep, network gone, agent killed) it reconnects with backoff and
+    subscribes again at the offsets reached, so nothing is delivered twice or lost; `notify` is told
+    of the loss and of the recovery. Only transient failures are retried; no request is replayed.
+    """
+    offsets = dict(offsets)
+    while True:
+        sub = await client.subscribe(run=run, offsets=offsets)
+        async for msg in sub:
+            yield msg
+            if msg.get("stream") == "end":
+                return
+        offsets = dict(sub.offsets)
+        notify(f"connection lost ({client.closed_reason or 'the stream stopped'}); reconnecting")
+        lost = time.monotonic()
+        for attempt in itertools.count():
+            await asyncio.sleep(RECONNECT_BACKOFF_S[min(attempt, len(RECONNECT_BACKOFF_S) - 1)])
+            try:
+                await client.reconnect()
+                break
+            except TransportError as exc:
+                if not exc.transient:
+                    raise
+        notify(f"reconnected after {time.monotonic() - lost:.0f} s; resuming where the stream stopped")

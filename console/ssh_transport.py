@@ -97,12 +97,14 @@ class SSHTransport(Transport):
         except asyncssh.HostKeyNotVerifiable:
             raise TransportError(
                 f"{self.spec}: the host key is not in ~/.ssh/known_hosts, or it changed; check it with "
-                f"`ssh {self.spec}` and accept it there, then try again"
+                f"`ssh {self.spec}` and accept it there, then try again",
+                transient=False,
             ) from None
         except asyncssh.PermissionDenied:
             raise TransportError(
                 f"{self.spec}: permission denied (no key was accepted); make `ssh {self.spec}` work without a "
-                "password first (ssh-copy-id, or IdentityFile in ~/.ssh/config)"
+                "password first (ssh-copy-id, or IdentityFile in ~/.ssh/config)",
+                transient=False,
             ) from None
         except (asyncssh.Error, OSError) as exc:
             raise TransportError(f"cannot reach {self.spec}: {_reason(exc)}") from None

@@ -155,13 +155,6 @@ def test_usage_errors_exit_2_with_one_line(cli: CLI) -> None:
         assert b"Traceback" not in result.stderr
 
 
-def test_unknown_host_is_usage_error(workdir: Path) -> None:
-    import subprocess
-
-    result = subprocess.run([sys.executable, "-m", "console", "gpu-box", "status"], capture_output=True, check=False)
-    assert result.returncode == 2 and b"unknown HOST" in result.stderr
-
-
 def test_corrupt_or_missing_spec_is_reported_not_fatal(cli: CLI, workdir: Path) -> None:
     good = launch(cli, "command", "--", "true")
     runs = workdir / "runs"

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -122,3 +123,30 @@ def test_a_host_that_does_not_answer_is_reported_in_one_line(sshd: Sshd, tmp_pat
     done = console(sshd, f"127.0.0.1:{free_port()}", tmp_path / "work", "status")
     assert done.returncode == 1
     assert done.stderr.startswith("eagle3-console: cannot reach 127.0.0.1:") and done.stderr.count("\n") == 1
+
+
+COUNTER = "import time\nfor i in range(60):\n    print(f'line {i}', flush=True)\n    time.sleep(0.1)"
+
+
+@pytest.mark.parametrize("host", ["local", ALIAS])
+def test_a_follow_survives_a_lost_agent_and_prints_every_line_exactly_once(
+    sshd: Sshd, host: str, tmp_path: Path
+) -> None:
+    workdir = tmp_path / "work"
+    run_id = console(sshd, host, workdir, "launch", "command", "--", "python3", "-c", COUNTER).stdout.strip()
+    follower = subprocess.Popen(
+        [sys.executable, "-m", "console", "--workdir", str(workdir), host, "logs", run_id, "--follow"],
+        cwd=REPO,
+        env=sshd.env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    agent = f"backends.agent --workdir {workdir}"
+    wait_for(lambda: subprocess.run(["pgrep", "-f", agent], capture_output=True).returncode == 0, what="the agent")
+    time.sleep(1.5)  # some lines are through
+    subprocess.run(["pkill", "-KILL", "-f", agent], check=True)  # the link is gone mid-stream
+    out, err = follower.communicate(timeout=90)
+    assert follower.returncode == 0, err
+    assert out == (workdir / "runs" / run_id / "output.log").read_bytes()
+    assert out.decode().splitlines() == [f"line {i}" for i in range(60)]
+    assert b"connection lost" in err and b"reconnected after" in err
