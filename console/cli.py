@@ -80,9 +80,11 @@ def build_parser() -> Parser:
         prog="eagle3-console",
         description="Train, serve and debug EAGLE-3 drafts on a GPU host.",
         epilog="HOST is 'local' (this machine) or [user@]host[:port] (over SSH; ~/.ssh/config applies). "
+        "Without a COMMAND the terminal console opens. "
         "Run 'eagle3-console HOST COMMAND --help' for a command's options.",
     )
     parser.add_argument("--workdir", type=Path, help="run store on the host (default ~/.eagle3-console)")
+    parser.add_argument("--readonly", action="store_true", help="the console without kill, relaunch or free-gpus")
     parser.add_argument("host", metavar="HOST", help="'local', or [user@]host[:port] over SSH")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
 
@@ -448,13 +450,23 @@ def split_stage(args: list[str]) -> tuple[list[str], list[str]] | None:
     return None
 
 
+def open_console(ns: argparse.Namespace) -> int:
+    """The terminal console (Textual) on HOST."""
+    if not sys.stdout.isatty():
+        raise UsageError("the console needs a terminal; give a COMMAND (e.g. 'status') for scripts")
+    from console.tui.app import ConsoleApp
+
+    ConsoleApp(make_transport(ns.host, ns.workdir), readonly=ns.readonly).run()
+    return EXIT_OK
+
+
 def main(args: list[str] | None = None) -> int:
     raw = sys.argv[1:] if args is None else args
     options, argv = split_stage(raw) or split_argv(raw)
     try:
         ns = build_parser().parse_args(join_flag_values(options))
         if ns.command is None:
-            raise UsageError("no COMMAND given; try 'status' (see 'eagle3-console --help')")
+            return open_console(ns)
         if argv and ns.command not in ("launch", *STAGES):
             raise UsageError(f"'--' and a command line only go with 'launch', not {ns.command!r}")
         return asyncio.run(run_command(ns, argv))

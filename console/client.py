@@ -101,6 +101,8 @@ class AgentClient:
         return await self.start()
 
     async def request(self, op: str, **args: Any) -> Any:
+        if self.closed_reason is not None:
+            raise TransportError(self.closed_reason)  # nobody is left to answer
         request_id = next(self._ids)
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._pending[request_id] = future

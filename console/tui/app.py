@@ -1,0 +1,287 @@
+"""The console app: runs, GPUs, the selected run's curves, log and diagnosis, and one-key actions.
+
+Workers do all I/O through the agent client: one polls `status` every 2 s and
+owns the connection (when the link drops it says so in a banner, reconnects
+with backoff and carries on), one follows the selected run's log and metrics
+from their offsets (after a reconnect it resumes where it stopped). Dangerous
+actions (kill, relaunch, free GPUs) ask first, with the focus on Cancel;
+`--readonly` removes them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import time
+from pathlib import Path
+from typing import Any, ClassVar
+
+from textual import on, work
+from textual.app import App, ComposeResult
+from textual.binding import Binding, BindingType
+from textual.containers import Horizontal, Vertical
+from textual.widgets import DataTable, Footer, Header, RichLog, Static
+
+from console import render
+from console.client import RECONNECT_BACKOFF_S, AgentClient, AgentError
+from console.transport import Transport, TransportError
+from console.tui.chart import LineChart
+from console.tui.dialogs import ConfirmScreen, RelaunchScreen
+from console.tui.panels import GpuPanel, RunDetail, RunsTable
+from themes import register_themes
+
+POLL_S = 2.0
+FLASH_S = 6.0  # how long a passing message stays
+LOG_TAIL_LINES = 200
+PAST_END = 1 << 62
+KILL_GRACE_S = 10.0
+# The two curves shown for a run: the first of each list that its rows carry.
+CURVES = (("loss", "val_loss", "tokens_per_s"), ("acc_0", "val_acc_0", "val_sim_accept_len", "samples"))
+
+
+class ConsoleApp(App[None]):
+    CSS_PATH = Path(__file__).with_name("app.tcss")
+    TITLE = "eagle3-console"
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("k", "kill", "kill run"),
+        Binding("r", "relaunch", "relaunch"),
+        Binding("f", "free_gpus", "free GPUs"),
+        Binding("t", "next_theme", "theme"),
+        Binding("q", "quit", "quit"),
+    ]
+
+    def __init__(self, transport: Transport, readonly: bool = False) -> None:
+        super().__init__()
+        self.client = AgentClient(transport)
+        self.readonly = readonly
+        self.sub_title = transport.description + ("  (read-only)" if readonly else "")
+        self.runs: dict[str, dict[str, Any]] = {}
+        self.connected = asyncio.Event()
+        self.followed: str | None = None
+        self.lost: tuple[float, str] | None = None  # when the link was lost, and why
+        self.generation = 0  # connections made so far: a follower resubscribes on the next one
+
+    def compose(self) -> ComposeResult:
+        yield Header()
+        yield Static("", id="link")
+        with Horizontal():
+            with Vertical(id="left"):
+                yield RunsTable(id="runs")
+                yield GpuPanel(id="gpus")
+            with Vertical(id="right"):
+                yield RunDetail(id="detail")
+                with Horizontal(id="charts"):
+                    yield LineChart("loss", id="curve-a")
+                    yield LineChart("acc_0", id="curve-b")
+                yield RichLog(id="log", max_lines=5000, wrap=False)
+        yield Footer()
+
+    def on_mount(self) -> None:
+        register_themes(self)
+        self.query_one("#link").display = False
+        self.poll()
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        return not (self.readonly and action in ("kill", "relaunch", "free_gpus"))
+
+    # --- the connection and the status poll -------------------------------------------------
+
+    @work(exclusive=True, group="poll")
+    async def poll(self) -> None:
+        while True:
+            if not self.connected.is_set():
+                await self.connect()
+            try:
+                status = await self.client.request("status", gpus=True)
+            except TransportError as exc:
+                self.connected.clear()
+                self.lost = (time.monotonic(), str(exc))
+                self.banner(f"link lost: {exc}; reconnecting")
+                continue
+            self.show_status(status)
+            await asyncio.sleep(POLL_S)
+
+    async def connect(self) -> None:
+        for attempt in range(1_000_000):
+            try:
+                await (self.client.reconnect() if attempt or self.client.closed_reason else self.client.start())
+            except TransportError as exc:
+                if not exc.transient:
+                    self.banner(str(exc))
+                    raise
+                self.banner(f"cannot reach the host: {exc}; retrying")
+                await asyncio.sleep(RECONNECT_BACKOFF_S[min(attempt, len(RECONNECT_BACKOFF_S) - 1)])
+                continue
+            self.generation += 1
+            self.connected.set()
+            if self.lost is None:
+                self.banner(None)
+                return
+            since, why = self.lost
+            self.lost = None
+            self.banner(f"link restored after {time.monotonic() - since:.0f} s (it was lost: {why})")
+            self.set_timer(FLASH_S, lambda: self.banner(None) if self.lost is None else None)
+            return
+
+    def banner(self, text: str | None) -> None:
+        link = self.query_one("#link", Static)
+        link.display = text is not None
+        link.update(text or "")
+
+    def show_status(self, status: dict[str, Any]) -> None:
+        self.runs = {run["id"]: run for run in status["runs"]}
+        with self.batch_update():
+            self.query_one(RunsTable).show(status["runs"])
+            self.query_one(GpuPanel).show(status)
+            self.show_selected()
+
+    def selected(self) -> dict[str, Any] | None:
+        run_id = self.query_one(RunsTable).selected_run()
+        return self.runs.get(run_id) if run_id else None
+
+    def show_selected(self) -> None:
+        run = self.selected()
+        self.query_one(RunDetail).show(run)
+        if run is not None and run["id"] != self.followed:
+            self.followed = run["id"]
+            self.follow(run["id"])
+
+    @on(DataTable.RowHighlighted)
+    def row_changed(self) -> None:
+        self.show_selected()
+
+    # --- the selected run's log and curves --------------------------------------------------
+
+    @work(exclusive=True, group="follow")
+    async def follow(self, run_id: str) -> None:
+        log = self.query_one(RichLog)
+        charts = [self.query_one("#curve-a", LineChart), self.query_one("#curve-b", LineChart)]
+        log.clear()
+        for chart in charts:
+            chart.clear()
+        await self.connected.wait()
+        try:
+            chunk = await self.client.request("logs", run=run_id, tail=LOG_TAIL_LINES)
+        except (AgentError, TransportError):
+            return
+        partial = self.write_log(log, b"", chunk["data_b64"])
+        offsets = {"log": chunk["next_offset"], "metrics": 0, "events": PAST_END}
+        while True:
+            await self.connected.wait()
+            generation = self.generation
+            try:
+                sub = await self.client.subscribe(run=run_id, offsets=offsets)
+            except (AgentError, TransportError):
+                await asyncio.sleep(POLL_S)
+                continue
+            async for msg in sub:
+                if msg["stream"] == "log":
+                    partial = self.write_log(log, partial, msg["data_b64"])
+                elif msg["stream"] == "metrics":
+                    self.plot([row for row in msg["rows"] if isinstance(row, dict)], charts)
+                elif msg["stream"] == "end":
+                    log.write(f"— run {run_id} {msg['state']} —")
+                    return
+            offsets = dict(sub.offsets)  # the link dropped: resume here once the poll has reconnected
+            while self.generation == generation:
+                await asyncio.sleep(0.2)
+
+    @staticmethod
+    def write_log(log: RichLog, partial: bytes, data_b64: str) -> bytes:
+        """Write the complete lines; a progress bar's \\r-rewrites show as their last state."""
+        *lines, rest = (partial + base64.b64decode(data_b64)).split(b"\n")
+        for line in lines:
+            log.write(line.decode(errors="replace").split("\r")[-1] or " ")
+        return rest
+
+    @staticmethod
+    def plot(rows: list[dict[str, Any]], charts: list[LineChart]) -> None:
+        for chart, keys in zip(charts, CURVES, strict=True):
+            key = next((k for k in keys if any(k in row for row in rows)), None)
+            if key is None:
+                continue
+            if chart.title != key:
+                chart.clear(key)
+            values = [row[key] for row in rows if isinstance(row.get(key), (int, float))]
+            chart.extend([float(v) for v in values])
+
+    # --- actions -------------------------------------------------------------------------
+
+    def action_kill(self) -> None:
+        run = self.selected()
+        if run is None or run["state"] not in ("starting", "running", "ready", "stalled"):
+            self.notify("select a live run to kill", severity="warning")
+            return
+        question = f"Send SIGTERM to run {run['id']} ({run['name']}, pid {run['pid']})?"
+        details = f"SIGKILL follows after {KILL_GRACE_S:.0f} s for whatever is left of it."
+
+        def answered(yes: bool | None) -> None:
+            if yes:
+                self.kill(run["id"])
+
+        self.push_screen(ConfirmScreen(question, details), answered)
+
+    @work(group="actions")
+    async def kill(self, run_id: str) -> None:
+        try:
+            result = await self.client.request("kill", run=run_id, signal="TERM", grace=KILL_GRACE_S)
+        except (AgentError, TransportError) as exc:
+            self.notify(str(exc), severity="error")
+            return
+        self.notify(render.kill_text(result), title="kill")
+
+    def action_relaunch(self) -> None:
+        run = self.selected()
+        if run is None:
+            self.notify("select a run to relaunch", severity="warning")
+            return
+
+        def chosen(flags: tuple[list[str], list[str]] | None) -> None:
+            self.relaunch(run["id"], flags)
+
+        self.push_screen(RelaunchScreen(run["id"], run["argv"]), chosen)
+
+    @work(group="actions")
+    async def relaunch(self, run_id: str, flags: tuple[list[str], list[str]] | None) -> None:
+        if flags is None:
+            return
+        sets, unsets = flags
+        try:
+            result = await self.client.request(
+                "relaunch", run=run_id, set=sets, unset=unsets, grace=KILL_GRACE_S, force=False
+            )
+        except AgentError as exc:
+            self.notify(exc.message, title="relaunch refused", severity="error", timeout=15)
+            return
+        except TransportError as exc:
+            self.notify(str(exc), severity="error")
+            return
+        self.notify(f"run {result['run']} started, replacing {run_id}", title="relaunch")
+
+    @work(group="actions")
+    async def action_free_gpus(self) -> None:
+        try:
+            plan = await self.client.request("free_gpus", dry_run=True)
+        except (AgentError, TransportError) as exc:
+            self.notify(str(exc), severity="error")
+            return
+        if not any(gpu["processes"] for gpu in plan["gpus"]):
+            self.notify("no process of yours holds GPU memory", title="free GPUs")
+            return
+        question = "Kill these processes to free their GPU memory?"
+        if not await self.push_screen_wait(ConfirmScreen(question, render.free_text(plan))):
+            return
+        try:
+            result = await self.client.request("free_gpus", dry_run=False)
+        except (AgentError, TransportError) as exc:
+            self.notify(str(exc), severity="error")
+            return
+        self.notify(render.free_text(result), title="free GPUs", timeout=15)
+
+    def action_next_theme(self) -> None:
+        names = [name for name in self.available_themes if name.startswith("eagle3-")]
+        self.theme = names[(names.index(self.theme) + 1) % len(names)] if self.theme in names else names[0]
+
+    async def action_quit(self) -> None:
+        await self.client.close()
+        self.exit()

@@ -1,0 +1,118 @@
+"""Modal dialogs: a confirmation whose focus starts on Cancel, and the relaunch flags editor."""
+
+from __future__ import annotations
+
+import shlex
+from typing import ClassVar
+
+from textual.app import ComposeResult
+from textual.binding import Binding, BindingType
+from textual.containers import Horizontal, Vertical
+from textual.screen import ModalScreen
+from textual.widgets import Button, Input, Label, Static
+
+# Flags a person most often relaunches SGLang with when a launch misbehaves.
+RELAUNCH_PRESETS = ("--disable-cuda-graph", "--disable-custom-all-reduce", "--mem-fraction-static=0.8")
+
+
+def dialog_css(screen: str) -> str:
+    """A dialog box centred over the dimmed console (DEFAULT_CSS is scoped to the class that declares it)."""
+    return f"""
+    {screen} {{ align: center middle; background: $background 60%; }}
+    {screen} > Vertical {{
+        width: 96; height: auto; max-height: 80%; border: thick $warning; background: $surface; padding: 1 2;
+    }}
+    {screen} Horizontal {{ height: auto; margin-top: 1; }}
+    {screen} Button {{ margin-right: 2; }}
+    """
+
+
+class ConfirmScreen(ModalScreen[bool]):
+    """Yes or no to a dangerous action; Cancel has the focus, so Enter alone changes nothing."""
+
+    DEFAULT_CSS = dialog_css("ConfirmScreen")
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("y", "answer(True)", "yes"),
+        Binding("n", "answer(False)", "no"),
+        Binding("escape", "answer(False)", "cancel"),
+    ]
+
+    def __init__(self, question: str, details: str = "") -> None:
+        super().__init__()
+        self.question = question
+        self.details = details
+
+    def compose(self) -> ComposeResult:
+        with Vertical():
+            yield Label(self.question, id="question")
+            if self.details:
+                yield Static(self.details, id="details")
+            with Horizontal():
+                yield Button("Cancel (n)", id="cancel", variant="primary")
+                yield Button("Yes (y)", id="yes", variant="error")
+
+    def on_mount(self) -> None:
+        self.query_one("#cancel", Button).focus()
+
+    def on_button_pressed(self, event: Button.Pressed) -> None:
+        self.dismiss(event.button.id == "yes")
+
+    def action_answer(self, yes: bool) -> None:
+        self.dismiss(yes)
+
+
+class RelaunchScreen(ModalScreen[tuple[list[str], list[str]] | None]):
+    """The flags to set and to remove for a relaunch: `--flag[=value]` to set, `-flag` to remove."""
+
+    DEFAULT_CSS = dialog_css("RelaunchScreen")
+    BINDINGS: ClassVar[list[BindingType]] = [Binding("escape", "cancel", "cancel")]
+
+    def __init__(self, run: str, argv: list[str]) -> None:
+        super().__init__()
+        self.run = run
+        self.argv = argv
+
+    def compose(self) -> ComposeResult:
+        with Vertical():
+            yield Label(f"Relaunch run {self.run}: stop it, then start a copy with these flags changed")
+            yield Static(shlex.join(self.argv), id="argv")
+            yield Input(placeholder="--disable-cuda-graph  --mem-fraction-static=0.8  -cuda-graph-max-bs", id="flags")
+            yield Static("Enter relaunches; a flag written -name (one dash) is removed. Presets:", id="hint")
+            with Horizontal():
+                for preset in RELAUNCH_PRESETS:
+                    yield Button(preset, classes="preset")
+            with Horizontal():
+                yield Button("Cancel", id="cancel", variant="primary")
+                yield Button("Relaunch", id="go", variant="warning")
+
+    def on_mount(self) -> None:
+        self.query_one("#flags", Input).focus()
+
+    def on_button_pressed(self, event: Button.Pressed) -> None:
+        flags = self.query_one("#flags", Input)
+        if event.button.has_class("preset"):
+            flags.value = " ".join(filter(None, [flags.value.strip(), str(event.button.label)]))
+            flags.focus()
+        elif event.button.id == "go":
+            self._submit(flags.value)
+        else:
+            self.dismiss(None)
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        self._submit(event.value)
+
+    def _submit(self, text: str) -> None:
+        try:
+            words = shlex.split(text)
+        except ValueError as exc:
+            self.notify(f"cannot read the flags: {exc}", severity="error")
+            return
+        sets = [w for w in words if w.startswith("--")]
+        unsets = ["-" + w for w in words if w.startswith("-") and not w.startswith("--")]
+        if not sets and not unsets:
+            self.notify("name at least one flag to set (--flag) or remove (-flag)", severity="warning")
+            return
+        self.dismiss((sets, unsets))
+
+    def action_cancel(self) -> None:
+        self.dismiss(None)

@@ -1,0 +1,165 @@
+"""The terminal console as a user drives it (Textual's pilot), against a real local agent and real runs."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from textual.pilot import Pilot
+from textual.widgets import RichLog, Static
+
+from backends import procinfo
+from console.client import AgentClient
+from console.transport import LocalTransport
+from console.tui.app import ConsoleApp
+from console.tui.chart import LineChart, braille_rows, downsample
+from console.tui.dialogs import ConfirmScreen, RelaunchScreen
+from console.tui.panels import GpuPanel, RunDetail, RunsTable
+from tests.fake_nvml import gpu, write_state
+
+SLEEPER = "import time\nprint('serving', flush=True)\ntime.sleep(120)"
+TRAINER = (
+    "import json, os, time\n"
+    "with open(os.environ['EAGLE3_METRICS_FILE'], 'a') as m:\n"
+    "    for step in range(1, 41):\n"
+    "        m.write(json.dumps({'step': step, 'loss': 10 / step, 'acc_0': step / 40}) + '\\n'); m.flush()\n"
+    "print('trained', flush=True)\n"
+    "time.sleep(120)\n"
+)
+
+
+async def launch(workdir: Path, argv: list[str], kind: str = "command", name: str = "job") -> str:
+    async with AgentClient(LocalTransport(workdir)) as client:
+        result = await client.request("launch", kind=kind, argv=argv, name=name)
+    return str(result["run"])
+
+
+async def until(pilot: Pilot[Any], predicate: Callable[[], Any], timeout: float = 20, what: str = "") -> Any:
+    for _ in range(int(timeout / 0.1)):
+        value = predicate()
+        if value:
+            return value
+        await pilot.pause(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def state_of(workdir: Path, run_id: str) -> str:
+    from backends.runstore import RunStore
+
+    return RunStore(workdir).get(run_id).state()
+
+
+def test_curves_are_downsampled_to_the_width_and_keep_their_shape() -> None:
+    values = [float(i) for i in range(10_000)]
+    small = downsample(values, 50)
+    assert len(small) == 50 and small == sorted(small)
+    rows, low, high = braille_rows([3.0, 1.0, 2.0], 4, 2)
+    assert (low, high) == (1.0, 3.0) and len(rows) == 2 and all(len(r) == 4 for r in rows)
+    assert braille_rows([], 4, 2)[0] == ["\u2800" * 4] * 2
+
+
+async def test_runs_gpus_details_log_and_curves_appear(workdir: Path, nvml_state: Path) -> None:
+    run_id = await launch(workdir, [sys.executable, "-c", TRAINER], kind="train", name="trainer")
+    pid = procinfo.ProcIdentity.from_json(json.loads((workdir / "runs" / run_id / "proc.json").read_text())["child"])
+    assert pid is not None
+    write_state(nvml_state, [gpu(util=87, processes=[(pid.pid, 5000)])])
+    app = ConsoleApp(LocalTransport(workdir))
+    async with app.run_test(size=(160, 50)) as pilot:
+        table = app.query_one(RunsTable)
+        await until(pilot, lambda: table.row_count == 1, what="the run's row")
+        assert table.selected_run() == run_id
+        gpus = str(app.query_one(GpuPanel).render())
+        assert "H200" in gpus and "87%" in gpus and f"run {run_id}" in gpus
+        assert "trainer" in str(app.query_one(RunDetail).render())
+        loss = app.query_one("#curve-a", LineChart)
+        acc = app.query_one("#curve-b", LineChart)
+        await until(pilot, lambda: len(loss.values) == 40 and len(acc.values) == 40, what="the curves")
+        assert (loss.title, acc.title) == ("loss", "acc_0")
+        assert loss.values[0] > loss.values[-1] and acc.values[-1] == 1.0
+        log = app.query_one(RichLog)
+        await until(pilot, lambda: any("trained" in line.text for line in log.lines), what="the log")
+        await pilot.press("q")
+
+
+async def test_kill_asks_first_with_cancel_focused_and_kills_only_on_yes(workdir: Path, nvml_state: Path) -> None:
+    run_id = await launch(workdir, [sys.executable, "-c", SLEEPER])
+    app = ConsoleApp(LocalTransport(workdir))
+    async with app.run_test(size=(160, 50)) as pilot:
+        await until(pilot, lambda: app.query_one(RunsTable).selected_run() == run_id, what="the run")
+        await pilot.press("k")
+        await until(pilot, lambda: isinstance(app.screen, ConfirmScreen), what="the confirmation")
+        assert app.focused is not None and app.focused.id == "cancel"
+        await pilot.press("enter")  # Enter on the focused Cancel: nothing happens
+        await until(pilot, lambda: not isinstance(app.screen, ConfirmScreen), what="the dialog to close")
+        await pilot.pause(0.5)
+        assert state_of(workdir, run_id) == "running"
+        await pilot.press("k")
+        await until(pilot, lambda: isinstance(app.screen, ConfirmScreen), what="the confirmation")
+        await pilot.press("y")
+        await until(pilot, lambda: state_of(workdir, run_id) == "killed", what="the run to be killed")
+        await pilot.press("q")
+
+
+async def test_relaunch_with_a_preset_flag_replaces_the_run(workdir: Path, nvml_state: Path) -> None:
+    run_id = await launch(workdir, [sys.executable, "-c", SLEEPER, "--model-path", "m"], name="srv")
+    app = ConsoleApp(LocalTransport(workdir))
+    async with app.run_test(size=(160, 50)) as pilot:
+        await until(pilot, lambda: app.query_one(RunsTable).selected_run() == run_id, what="the run")
+        await pilot.press("r")
+        await until(pilot, lambda: isinstance(app.screen, RelaunchScreen), what="the relaunch dialog")
+        await pilot.click("Button.preset")  # the first preset: --disable-cuda-graph
+        await pilot.press("enter")
+        table = app.query_one(RunsTable)
+        await until(pilot, lambda: table.row_count == 2, what="the relaunched run")
+        child = next(r for r in app.runs.values() if r["id"] != run_id)
+        assert child["argv"][-1] == "--disable-cuda-graph" and child["parent"] == run_id
+        await until(pilot, lambda: state_of(workdir, run_id) == "killed", what="the parent to be stopped")
+        await pilot.press("q")
+
+
+async def test_read_only_offers_no_action(workdir: Path, nvml_state: Path) -> None:
+    run_id = await launch(workdir, [sys.executable, "-c", SLEEPER])
+    app = ConsoleApp(LocalTransport(workdir), readonly=True)
+    async with app.run_test(size=(160, 50)) as pilot:
+        await until(pilot, lambda: app.query_one(RunsTable).selected_run() == run_id, what="the run")
+        for key in ("k", "r", "f"):
+            await pilot.press(key)
+            await pilot.pause(0.2)
+            assert not isinstance(app.screen, ConfirmScreen | RelaunchScreen)
+        assert state_of(workdir, run_id) == "running"
+        await pilot.press("q")
+
+
+async def test_a_lost_agent_shows_a_banner_and_the_console_recovers(workdir: Path, nvml_state: Path) -> None:
+    run_id = await launch(workdir, [sys.executable, "-c", SLEEPER])
+    transport = LocalTransport(workdir)
+    app = ConsoleApp(transport)
+    async with app.run_test(size=(160, 50)) as pilot:
+        await until(pilot, lambda: app.query_one(RunsTable).selected_run() == run_id, what="the run")
+        assert transport._proc is not None
+        transport._proc.kill()  # the agent dies as a dropped link would end it
+        banner = app.query_one("#link", Static)
+
+        def text() -> str:
+            return str(banner.content) if banner.display else ""
+
+        await until(pilot, lambda: "link restored after" in text() and "it was lost" in text(), what="the banner")
+        await until(pilot, lambda: not banner.display, timeout=30, what="the banner to go")
+        await until(pilot, lambda: app.query_one(RunsTable).selected_run() == run_id, what="the run again")
+        await pilot.press("q")
+
+
+@pytest.mark.parametrize("theme", ["eagle3-night", "eagle3-day"])
+async def test_each_theme_renders_the_console(workdir: Path, nvml_state: Path, theme: str) -> None:
+    app = ConsoleApp(LocalTransport(workdir))
+    async with app.run_test(size=(120, 40)) as pilot:
+        app.theme = theme
+        await pilot.pause(0.5)
+        assert app.current_theme.name == theme
+        await pilot.press("t")
+        assert app.theme != theme
+        await pilot.press("q")
