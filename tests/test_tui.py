@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 from textual.pilot import Pilot
-from textual.widgets import RichLog, Static
+from textual.widgets import HelpPanel, RichLog, Static
 
 from backends import procinfo
 from console.client import AgentClient
@@ -162,4 +162,8 @@ async def test_each_theme_renders_the_console(workdir: Path, nvml_state: Path, t
         assert app.current_theme.name == theme
         await pilot.press("t")
         assert app.theme != theme
+        await pilot.press("question_mark")
+        await until(pilot, lambda: app.screen.query(HelpPanel), what="the help panel")
+        await pilot.press("question_mark")
+        await until(pilot, lambda: not app.screen.query(HelpPanel), what="the help panel to close")
         await pilot.press("q")

@@ -20,7 +20,7 @@ from textual import on, work
 from textual.app import App, ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, Vertical
-from textual.widgets import DataTable, Footer, Header, RichLog, Static
+from textual.widgets import DataTable, Footer, Header, HelpPanel, RichLog, Static
 
 from console import render
 from console.client import RECONNECT_BACKOFF_S, AgentClient, AgentError
@@ -47,6 +47,7 @@ class ConsoleApp(App[None]):
         Binding("r", "relaunch", "relaunch"),
         Binding("f", "free_gpus", "free GPUs"),
         Binding("t", "next_theme", "theme"),
+        Binding("question_mark", "help", "help"),
         Binding("q", "quit", "quit"),
     ]
 
@@ -277,6 +278,13 @@ class ConsoleApp(App[None]):
             self.notify(str(exc), severity="error")
             return
         self.notify(render.free_text(result), title="free GPUs", timeout=15)
+
+    def action_help(self) -> None:
+        """Toggle Textual's panel of the keys that work here, each with what it does."""
+        if self.screen.query(HelpPanel):
+            self.action_hide_help_panel()
+        else:
+            self.action_show_help_panel()
 
     def action_next_theme(self) -> None:
         names = [name for name in self.available_themes if name.startswith("eagle3-")]
