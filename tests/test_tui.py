@@ -167,3 +167,20 @@ async def test_each_theme_renders_the_console(workdir: Path, nvml_state: Path, t
         await pilot.press("question_mark")
         await until(pilot, lambda: not app.screen.query(HelpPanel), what="the help panel to close")
         await pilot.press("q")
+
+
+def test_without_a_terminal_the_console_asks_for_a_command(workdir: Path) -> None:
+    import subprocess
+
+    from tests.conftest import REPO
+
+    done = subprocess.run(
+        [sys.executable, "-m", "console", "--workdir", str(workdir), "local"],
+        cwd=REPO,
+        capture_output=True,
+        check=False,
+    )
+    assert done.returncode == 2
+    assert done.stderr.decode() == (
+        "eagle3-console: the console needs a terminal; give a COMMAND (e.g. 'status') for scripts\n"
+    )
