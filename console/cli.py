@@ -456,8 +456,9 @@ def open_console(ns: argparse.Namespace) -> int:
         raise UsageError("the console needs a terminal; give a COMMAND (e.g. 'status') for scripts")
     from console.tui.app import ConsoleApp
 
-    ConsoleApp(make_transport(ns.host, ns.workdir), readonly=ns.readonly).run()
-    return EXIT_OK
+    app = ConsoleApp(make_transport(ns.host, ns.workdir), readonly=ns.readonly)
+    app.run()
+    return EXIT_FAILED if app.return_code else EXIT_OK
 
 
 def main(args: list[str] | None = None) -> int:

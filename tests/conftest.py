@@ -174,3 +174,12 @@ def run_info(cli: CLI, run_id: str) -> dict:  # type: ignore[type-arg]
 
 def wait_state(cli: CLI, run_id: str, states: set[str], timeout: float = 20) -> dict:  # type: ignore[type-arg]
     return wait_for(lambda: (info := run_info(cli, run_id))["state"] in states and info, timeout, f"state {states}")  # type: ignore[no-any-return]
+
+
+async def until(pilot: Any, predicate: Callable[[], Any], timeout: float = 20, what: str = "") -> Any:
+    for _ in range(int(timeout / 0.1)):
+        value = predicate()
+        if value:
+            return value
+        await pilot.pause(0.1)
+    raise AssertionError(f"timed out waiting for {what}")

@@ -17,7 +17,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from console.ssh_transport import backends_version, parse_host
-from tests.conftest import REPO, wait_for
+from tests.conftest import REPO, until, wait_for
 from tests.sshd import ALIAS, Sshd, keygen
 
 PRINTER = "import sys\nprint('hello from the host')\nsys.stdout.write('progress 50%\\r')\nraise SystemExit(3)"
@@ -150,3 +150,18 @@ def test_a_follow_survives_a_lost_agent_and_prints_every_line_exactly_once(
     assert out == (workdir / "runs" / run_id / "output.log").read_bytes()
     assert out.decode().splitlines() == [f"line {i}" for i in range(60)]
     assert b"connection lost" in err and b"reconnected after" in err
+
+
+async def test_the_console_leaves_with_the_reason_when_the_host_key_is_refused(
+    sshd: Sshd, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from console.ssh_transport import SSHTransport
+    from console.tui.app import ConsoleApp
+
+    monkeypatch.setenv("HOME", str(sshd.client_home(tmp_path / "home", known_hosts="")))
+    monkeypatch.delenv("SSH_AUTH_SOCK", raising=False)
+    app = ConsoleApp(SSHTransport(ALIAS, tmp_path / "work"))
+    async with app.run_test() as pilot:
+        await until(pilot, lambda: app.return_code == 1, what="the console to leave")
+    assert app.return_code == 1
+    assert not (tmp_path / "work").exists()

@@ -4,12 +4,9 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
-from textual.pilot import Pilot
 from textual.widgets import HelpPanel, RichLog, Static
 
 from backends import procinfo
@@ -19,6 +16,7 @@ from console.tui.app import ConsoleApp
 from console.tui.chart import LineChart, braille_rows, downsample
 from console.tui.dialogs import ConfirmScreen, RelaunchScreen
 from console.tui.panels import GpuPanel, RunDetail, RunsTable
+from tests.conftest import until
 from tests.fake_nvml import gpu, write_state
 
 SLEEPER = "import time\nprint('serving', flush=True)\ntime.sleep(120)"
@@ -36,15 +34,6 @@ async def launch(workdir: Path, argv: list[str], kind: str = "command", name: st
     async with AgentClient(LocalTransport(workdir)) as client:
         result = await client.request("launch", kind=kind, argv=argv, name=name)
     return str(result["run"])
-
-
-async def until(pilot: Pilot[Any], predicate: Callable[[], Any], timeout: float = 20, what: str = "") -> Any:
-    for _ in range(int(timeout / 0.1)):
-        value = predicate()
-        if value:
-            return value
-        await pilot.pause(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def state_of(workdir: Path, run_id: str) -> str:

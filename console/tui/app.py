@@ -108,8 +108,9 @@ class ConsoleApp(App[None]):
                 await (self.client.reconnect() if attempt or self.client.closed_reason else self.client.start())
             except TransportError as exc:
                 if not exc.transient:
-                    self.banner(str(exc))
-                    raise
+                    # Retrying cannot help (a refused host key or key): leave with the reason, as the CLI does.
+                    self.exit(return_code=1, message=f"eagle3-console: {exc}")
+                    await asyncio.Event().wait()  # the app is closing; this worker goes with it
                 self.banner(f"cannot reach the host: {exc}; retrying")
                 await asyncio.sleep(RECONNECT_BACKOFF_S[min(attempt, len(RECONNECT_BACKOFF_S) - 1)])
                 continue
