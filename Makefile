@@ -38,6 +38,7 @@ demo: $(VENV)/.installed
 	@echo "== checking the trained draft before it would be served"
 	$(CONSOLE) doctor $(DEMO_WORKDIR)/draft/final --target $(DEMO_WORKDIR)/target --data $(DEMO_WORKDIR)/hidden
 	$(CONSOLE) status
+	@echo "== to browse it in the terminal console (curves, logs; q quits): $(CONSOLE)"
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check .
