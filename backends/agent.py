@@ -38,6 +38,7 @@ from backends.protocol import (
     Request,
     RunInfo,
     RunProblem,
+    StacksResult,
     StatusResult,
 )
 from backends.runstore import (
@@ -288,6 +289,9 @@ class Agent:
             return await asyncio.to_thread(convert, self._path(src, cwd), self._path(dst, cwd), to)
         except ConvertError as exc:
             raise runctl.OpError("convert_refused", f"convert refused: {exc}") from None
+
+    async def op_stacks(self, run: str, now: bool) -> StacksResult:
+        return await asyncio.to_thread(runctl.stacks, self.store.get(run), now)
 
     async def op_kill(self, run: str, signal: str, grace: float) -> Any:
         return await asyncio.to_thread(runctl.kill, self.store.get(run), signal, grace)

@@ -171,6 +171,14 @@ class PreflightResult(TypedDict):
     doctor: DoctorResult | None  # None: the command names no draft
 
 
+class StacksResult(TypedDict):
+    """A run's stack dump: every process's stack, as `watch.dump_stacks` wrote it."""
+
+    file: str  # relative to the run's folder
+    text: str
+    taken_at: float
+
+
 class ErrorBody(TypedDict, total=False):
     code: str
     message: str
@@ -225,6 +233,7 @@ OPS: dict[str, _ArgSpec] = {
         "metrics_from": (_OPT_STR, False, None),
         "force": (_BOOL, False, False),
     },
+    "stacks": {"run": (_STR, True, None), "now": (_BOOL, False, False)},
     "kill": {
         "run": (_STR, True, None),
         "signal": (_STR, False, "TERM"),

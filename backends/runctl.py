@@ -16,11 +16,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from backends import preflight, procinfo
+from backends import preflight, procinfo, watch
 from backends.argv_edit import ArgvEditError, edit_argv
 from backends.masking import mask_argv, mask_env
-from backends.protocol import SIGNAL_NAMES, KilledProcess, KillResult, PreflightResult
-from backends.runstore import RunDir, RunSpec, RunStore, StoreError
+from backends.protocol import SIGNAL_NAMES, KilledProcess, KillResult, PreflightResult, StacksResult
+from backends.runstore import STACKS, RunDir, RunSpec, RunStore, StoreError
 
 PACKAGE_ROOT = Path(__file__).resolve().parent.parent
 LAUNCH_CONFIRM_S = 5.0
@@ -275,3 +275,21 @@ def checked_spec(args: dict[str, Any], cwd_default: str | None) -> RunSpec:
     if not spec.name:
         spec.name = Path(spec.argv[0]).name if spec.kind == "command" else spec.kind
     return spec
+
+
+def stacks(run: RunDir, now: bool) -> StacksResult:
+    """The run's latest stack dump; with `now` (or when it has none yet), a fresh one of its live processes."""
+    folder = run.file(STACKS)
+    dumps = sorted(folder.glob("*.txt")) if folder.is_dir() else []
+    if now or not dumps:
+        child = run.child()
+        members = sorted(procinfo.run_processes(child)) if child is not None and procinfo.is_alive(child) else []
+        if not members:
+            why = "no live process" if not dumps else "no live process to dump now"
+            raise OpError("no_stacks", f"run {run.id} has {why}{'' if dumps else ' and no stack dump'}")
+        path = watch.dump_stacks(run, members)
+        run.append_event("stacks", file=f"{STACKS}/{path.name}", pids=members, by="request")
+        dumps = [path]
+    latest = dumps[-1]
+    text = latest.read_text(errors="replace")
+    return {"file": f"{STACKS}/{latest.name}", "text": text, "taken_at": latest.stat().st_mtime}

@@ -109,6 +109,10 @@ def build_parser() -> Parser:
     p.add_argument("--force", action="store_true", help="launch even when doctor finds errors in the draft")
     p.add_argument("--json", action="store_true")
 
+    p = sub.add_parser("stacks", help="every process's stack of a run: the latest dump, or a fresh one with --now")
+    p.add_argument("run", metavar="RUN", help="run id, unique id prefix, or name")
+    p.add_argument("--now", action="store_true", help="dump the live processes now (py-spy on the host)")
+
     p = sub.add_parser("kill", help="stop a run: SIGTERM, grace period, then SIGKILL")
     p.add_argument("run", metavar="RUN", help="run id, unique id prefix, or name")
     p.add_argument("--signal", choices=SIGNAL_NAMES, default="TERM")
@@ -262,6 +266,13 @@ def report_launched(result: dict[str, Any], as_json: bool) -> int:
     if result.get("error"):
         print(f"eagle3-console: run {result['run']} failed to start: {result['error']}", file=sys.stderr)
         return EXIT_FAILED
+    return EXIT_OK
+
+
+async def cmd_stacks(client: AgentClient, ns: argparse.Namespace, _: list[str]) -> int:
+    result = await client.request("stacks", run=ns.run, now=ns.now)
+    note(f"{result['file']} (taken {render.clock(result['taken_at'])})")
+    sys.stdout.write(result["text"])
     return EXIT_OK
 
 
@@ -424,6 +435,7 @@ COMMANDS: dict[str, Command] = {
     "status": cmd_status,
     "launch": cmd_launch,
     "kill": cmd_kill,
+    "stacks": cmd_stacks,
     "relaunch": cmd_relaunch,
     "free-gpus": cmd_free_gpus,
     "logs": cmd_logs,

@@ -14,7 +14,7 @@ from console.client import AgentClient
 from console.transport import LocalTransport
 from console.tui.app import ConsoleApp
 from console.tui.chart import LineChart, braille_rows, downsample
-from console.tui.dialogs import ConfirmScreen, RelaunchScreen
+from console.tui.dialogs import ConfirmScreen, RelaunchScreen, TextScreen
 from console.tui.panels import GpuPanel, RunDetail, RunsTable
 from tests.conftest import until
 from tests.fake_nvml import gpu, write_state
@@ -173,3 +173,16 @@ def test_without_a_terminal_the_console_asks_for_a_command(workdir: Path) -> Non
     assert done.stderr.decode() == (
         "eagle3-console: the console needs a terminal; give a COMMAND (e.g. 'status') for scripts\n"
     )
+
+
+async def test_s_shows_every_process_stack_of_the_selected_run(workdir: Path, nvml_state: Path) -> None:
+    run_id = await launch(workdir, [sys.executable, "-c", SLEEPER])
+    app = ConsoleApp(LocalTransport(workdir))
+    async with app.run_test(size=(160, 50)) as pilot:
+        await until(pilot, lambda: app.query_one(RunsTable).selected_run() == run_id, what="the run")
+        await pilot.press("s")
+        screen = await until(pilot, lambda: app.screen if isinstance(app.screen, TextScreen) else None, what="stacks")
+        assert "=== pid " in screen.text and '(idle): "MainThread"' in screen.text and "<module>" in screen.text
+        await pilot.press("escape")
+        await until(pilot, lambda: not isinstance(app.screen, TextScreen), what="the dump to close")
+        await pilot.press("q")

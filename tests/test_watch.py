@@ -230,3 +230,22 @@ def test_an_nccl_timeout_in_a_training_run_is_explained(cli: CLI) -> None:
     info = wait_state(cli, run_id, {"failed"})
     [diagnosis] = info["diagnoses"]
     assert diagnosis["code"] == "nccl-timeout" and "NCCL_DEBUG=INFO" in diagnosis["hint"]
+
+
+def test_stacks_on_demand_dump_every_live_process_and_then_show_the_latest(cli: CLI, workdir: Path) -> None:
+    run_id = launch(cli, "command", "--", sys.executable, "-m", "tests.sglang_standin", "--hang-in", "init")
+    wait_for(lambda: (workdir / "runs" / run_id / "output.log").read_bytes(), what="the first line")
+    now = cli("stacks", run_id, "--now")
+    assert now.returncode == 0, now.stderr
+    assert now.stderr.decode().startswith("eagle3-console: stacks/")
+    assert b"hang_forever" in now.stdout and now.stdout.count(b"=== pid ") >= 2
+    dumped = [e for e in events(workdir, run_id) if e["type"] == "stacks"]
+    assert dumped[-1]["by"] == "request"
+    cli("kill", run_id, "--grace", "1")
+    latest = cli("stacks", run_id)  # the run is gone: its last dump is still there to read
+    assert latest.returncode == 0 and latest.stdout == now.stdout
+    fresh = launch(cli, "command", "--", sys.executable, "-c", "pass")
+    wait_state(cli, fresh, {"exited"})
+    nothing = cli("stacks", fresh)
+    assert nothing.returncode == 1
+    assert nothing.stderr.decode() == f"eagle3-console: run {fresh} has no live process and no stack dump\n"

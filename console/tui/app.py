@@ -26,7 +26,7 @@ from console import render
 from console.client import RECONNECT_BACKOFF_S, AgentClient, AgentError
 from console.transport import Transport, TransportError
 from console.tui.chart import LineChart
-from console.tui.dialogs import ConfirmScreen, RelaunchScreen
+from console.tui.dialogs import ConfirmScreen, RelaunchScreen, TextScreen
 from console.tui.panels import GpuPanel, RunDetail, RunsTable
 from themes import register_themes
 
@@ -46,6 +46,7 @@ class ConsoleApp(App[None]):
         Binding("k", "kill", "kill run"),
         Binding("r", "relaunch", "relaunch"),
         Binding("f", "free_gpus", "free GPUs"),
+        Binding("s", "stacks", "stacks"),
         Binding("t", "next_theme", "theme"),
         Binding("question_mark", "help", "help"),
         Binding("q", "quit", "quit"),
@@ -279,6 +280,22 @@ class ConsoleApp(App[None]):
             self.notify(str(exc), severity="error")
             return
         self.notify(render.free_text(result), title="free GPUs", timeout=15)
+
+    @work(group="actions")
+    async def action_stacks(self) -> None:
+        """Every process's stack of the selected run: a fresh dump while it lives, else its last one."""
+        run = self.selected()
+        if run is None:
+            self.notify("select a run", severity="warning")
+            return
+        live = run["state"] in ("starting", "running", "ready", "stalled")
+        try:
+            result = await self.client.request("stacks", run=run["id"], now=live)
+        except (AgentError, TransportError) as exc:
+            self.notify(str(exc), severity="error")
+            return
+        title = f"run {run['id']}: {result['file']} (taken {render.clock(result['taken_at'])})"
+        self.push_screen(TextScreen(title, result["text"]))
 
     def action_help(self) -> None:
         """Toggle Textual's panel of the keys that work here, each with what it does."""

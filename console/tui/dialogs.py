@@ -1,13 +1,14 @@
-"""Modal dialogs: a confirmation whose focus starts on Cancel, and the relaunch flags editor."""
+"""Modal dialogs: a confirmation whose focus starts on Cancel, the relaunch flags editor, a text to read."""
 
 from __future__ import annotations
 
 import shlex
 from typing import ClassVar
 
+from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
-from textual.containers import Horizontal, Vertical
+from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, Static
 
@@ -115,4 +116,31 @@ class RelaunchScreen(ModalScreen[tuple[list[str], list[str]] | None]):
         self.dismiss((sets, unsets))
 
     def action_cancel(self) -> None:
+        self.dismiss(None)
+
+
+class TextScreen(ModalScreen[None]):
+    """A long text to read (a stack dump), scrollable; Escape or q closes it."""
+
+    DEFAULT_CSS = (
+        dialog_css("TextScreen")
+        + """
+    TextScreen > Vertical { width: 90%; height: 85%; }
+    TextScreen VerticalScroll { height: 1fr; }
+    """
+    )
+    BINDINGS: ClassVar[list[BindingType]] = [Binding("escape,q", "close", "close")]
+
+    def __init__(self, title: str, text: str) -> None:
+        super().__init__()
+        self.title_text = title
+        self.text = text
+
+    def compose(self) -> ComposeResult:
+        with Vertical():
+            yield Label(self.title_text, id="title")
+            with VerticalScroll():
+                yield Static(Text(self.text), id="text")
+
+    def action_close(self) -> None:
         self.dismiss(None)
