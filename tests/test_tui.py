@@ -187,3 +187,16 @@ async def test_s_shows_every_process_stack_of_the_selected_run(workdir: Path, nv
         await pilot.press("escape")
         await until(pilot, lambda: not isinstance(app.screen, TextScreen), what="the dump to close")
         await pilot.press("q")
+
+
+async def test_a_progress_bar_being_redrawn_shows_under_the_log(workdir: Path, nvml_state: Path) -> None:
+    argv = [sys.executable, "-m", "tests.sglang_standin", "--port", "1", "--hang-in", "load-weights"]
+    run_id = await launch(workdir, argv, kind="serve")
+    app = ConsoleApp(LocalTransport(workdir))
+    async with app.run_test(size=(160, 50)) as pilot:
+        await until(pilot, lambda: app.query_one(RunsTable).selected_run() == run_id, what="the run")
+        progress = app.query_one("#progress", Static)
+        await until(pilot, lambda: "Completed | 4/8" in str(progress.content), what="the progress bar")
+        log = app.query_one(RichLog)
+        assert any("Load weight begin" in line.text for line in log.lines)
+        await pilot.press("q")

@@ -34,6 +34,8 @@ POLL_S = 2.0
 FLASH_S = 6.0  # how long a passing message stays
 LOG_TAIL_LINES = 200
 PAST_END = 1 << 62
+PROGRESS_CHARS = 200
+MAX_PARTIAL = 64 * 1024  # a line without an end is kept to this length
 KILL_GRACE_S = 10.0
 # The two curves shown for a run: the first of each list that its rows carry.
 CURVES = (("loss", "val_loss", "tokens_per_s"), ("acc_0", "val_acc_0", "val_sim_accept_len", "samples"))
@@ -76,6 +78,7 @@ class ConsoleApp(App[None]):
                     yield LineChart("loss", id="curve-a")
                     yield LineChart("acc_0", id="curve-b")
                 yield RichLog(id="log", max_lines=5000, wrap=False)
+                yield Static("", id="progress")
         yield Footer()
 
     def on_mount(self) -> None:
@@ -160,6 +163,7 @@ class ConsoleApp(App[None]):
         log = self.query_one(RichLog)
         charts = [self.query_one("#curve-a", LineChart), self.query_one("#curve-b", LineChart)]
         log.clear()
+        self.query_one("#progress", Static).update("")
         for chart in charts:
             chart.clear()
         await self.connected.wait()
@@ -189,13 +193,14 @@ class ConsoleApp(App[None]):
             while self.generation == generation:
                 await asyncio.sleep(0.2)
 
-    @staticmethod
-    def write_log(log: RichLog, partial: bytes, data_b64: str) -> bytes:
-        """Write the complete lines; a progress bar's \\r-rewrites show as their last state."""
+    def write_log(self, log: RichLog, partial: bytes, data_b64: str) -> bytes:
+        """Write the complete lines; a progress bar being redrawn (\\r, no newline yet) shows below the log."""
         *lines, rest = (partial + base64.b64decode(data_b64)).split(b"\n")
         for line in lines:
             log.write(line.decode(errors="replace").split("\r")[-1] or " ")
-        return rest
+        bar = next((part for part in reversed(rest.split(b"\r")) if part.strip()), b"")
+        self.query_one("#progress", Static).update(bar.decode(errors="replace")[-PROGRESS_CHARS:])
+        return rest[-MAX_PARTIAL:]
 
     @staticmethod
     def plot(rows: list[dict[str, Any]], charts: list[LineChart]) -> None:
