@@ -254,6 +254,7 @@ class ConsoleApp(App[None]):
         if flags is None:
             return
         sets, unsets = flags
+        self.notify("checking the new command line (SGLang's parser, doctor) before stopping the run", timeout=8)
         try:
             result = await self.client.request(
                 "relaunch", run=run_id, set=sets, unset=unsets, grace=KILL_GRACE_S, force=False
