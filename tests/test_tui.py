@@ -200,3 +200,19 @@ async def test_a_progress_bar_being_redrawn_shows_under_the_log(workdir: Path, n
         log = app.query_one(RichLog)
         assert any("Load weight begin" in line.text for line in log.lines)
         await pilot.press("q")
+
+
+async def test_the_command_palette_finds_a_run_by_name(workdir: Path, nvml_state: Path) -> None:
+    first = await launch(workdir, [sys.executable, "-c", SLEEPER], name="extract-wiki")
+    await launch(workdir, [sys.executable, "-c", SLEEPER], name="serve-draft")
+    app = ConsoleApp(LocalTransport(workdir))
+    async with app.run_test(size=(160, 50)) as pilot:
+        table = app.query_one(RunsTable)
+        await until(pilot, lambda: table.row_count == 2, what="both runs")
+        assert table.selected_run() != first
+        await pilot.press("ctrl+p")
+        await pilot.press(*"wiki")
+        await pilot.pause(0.5)
+        await pilot.press("enter")
+        await until(pilot, lambda: table.selected_run() == first, what="the run picked in the palette")
+        await pilot.press("q")

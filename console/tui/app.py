@@ -26,6 +26,7 @@ from console import render
 from console.client import RECONNECT_BACKOFF_S, AgentClient, AgentError
 from console.transport import Transport, TransportError
 from console.tui.chart import LineChart
+from console.tui.commands import RunCommands
 from console.tui.dialogs import ConfirmScreen, RelaunchScreen, TextScreen
 from console.tui.panels import GpuPanel, RunDetail, RunsTable
 from themes import register_themes
@@ -44,6 +45,7 @@ CURVES = (("loss", "val_loss", "tokens_per_s"), ("acc_0", "val_acc_0", "val_sim_
 class ConsoleApp(App[None]):
     CSS_PATH = Path(__file__).with_name("app.tcss")
     TITLE = "eagle3-console"
+    COMMANDS = App.COMMANDS | {RunCommands}
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("k", "kill", "kill run"),
         Binding("r", "relaunch", "relaunch"),
@@ -140,6 +142,11 @@ class ConsoleApp(App[None]):
             self.query_one(RunsTable).show(status["runs"])
             self.query_one(GpuPanel).show(status)
             self.show_selected()
+
+    def select_run(self, run_id: str) -> None:
+        table = self.query_one(RunsTable)
+        table.move_cursor(row=table.get_row_index(run_id))
+        table.focus()
 
     def selected(self) -> dict[str, Any] | None:
         run_id = self.query_one(RunsTable).selected_run()
