@@ -16,11 +16,13 @@ stall), written atomically on every change; its events go to events.jsonl.
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
 import threading
 import time
+import traceback
 import urllib.error
 import urllib.request
 from collections import deque
@@ -35,6 +37,7 @@ from backends.runstore import OUTPUT, STACKS, WATCH, RunDir, RunSpec, atomic_wri
 from backends.sglang_facts import DEFAULT_PORT, HOST_FLAG, PORT_FLAG, SERVER_MODULES
 
 TICK_S = 1.0
+READ_MAX = 16 * 1024 * 1024  # output read per tick; a flood is caught up over the next ticks
 ACTIVITY_EVERY_S = 2.0
 HEALTH_EVERY_S = 2.0
 HEALTH_TIMEOUT_S = 5.0
@@ -153,7 +156,10 @@ class RunWatcher:
 
     def _loop(self) -> None:
         while not self._stop.wait(TICK_S):
-            self.tick(time.monotonic())
+            try:
+                self.tick(time.monotonic())
+            except Exception:  # a full disk or an odd /proc must not end the watch: say so, keep watching
+                traceback.print_exc(file=sys.stderr)
 
     def tick(self, now: float) -> None:
         if self._read_output():
@@ -170,8 +176,10 @@ class RunWatcher:
     def _read_output(self) -> bool:
         try:
             with open(self.run.file(OUTPUT), "rb") as log:
+                if os.fstat(log.fileno()).st_size < self.offset:
+                    self.offset = 0  # the log was truncated by hand: read it again from the start
                 log.seek(self.offset)
-                data = log.read()
+                data = log.read(READ_MAX)
         except OSError:
             return False
         if not data:
