@@ -15,10 +15,12 @@ a release without it is refused with a one-line message.
 
 from __future__ import annotations
 
+import atexit
 import importlib
 import itertools
 import json
 import os
+import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -117,8 +119,9 @@ def load(path: Path, device: str, dtype: str, aux_ids: list[int], batch_tokens: 
     """The target loaded by SGLang on `device` with a KV pool sized for one batch of `batch_tokens`."""
     if device == "cpu":
         os.environ[CPU_ENGINE_ENV] = "1"
-    rendezvous = Path(tempfile.mkdtemp(prefix="eagle3-sglang-")) / "rendezvous"
-    os.environ.setdefault(INIT_METHOD_ENV, f"file://{rendezvous}")
+    folder = tempfile.mkdtemp(prefix="eagle3-sglang-")
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    os.environ.setdefault(INIT_METHOD_ENV, f"file://{folder}/rendezvous")
     try:
         # import_module: sglang is optional, and mypy must not need it.
         one_batch = importlib.import_module(RUNNER_MODULE)
