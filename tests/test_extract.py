@@ -241,6 +241,10 @@ def test_missing_paths_and_an_unavailable_backend_are_usage_errors(
     assert "no such file" in capsys.readouterr().err
     assert extract(target, tmp_path / "o", "--backend", "sglang") == 2
     assert "use --backend hf" in capsys.readouterr().err
+    assert extract(target, tmp_path / "o", "--device", "auto") == 2  # CI has no GPU to spread the target over
+    assert capsys.readouterr().err == "error: --device auto: no CUDA device is visible to this process\n"
+    assert extract(target, tmp_path / "o", "--device", "auto", "--backend", "sglang") == 2
+    assert "--device auto goes with --backend hf" in capsys.readouterr().err
 
 
 def test_usage_errors_print_no_traceback_from_the_command_line(tmp_path: Path) -> None:

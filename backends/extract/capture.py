@@ -58,10 +58,13 @@ def resolve_dtype(name: str, device: str) -> str:
 
 
 def load_target(path: Path, device: str, dtype: str) -> Any:
-    """The target as an eval-mode causal LM on `device`, in `dtype`."""
+    """The target as an eval-mode causal LM on `device` (`auto`: its layers spread over the visible GPUs)."""
     import torch
     from transformers import AutoModelForCausalLM
 
+    if device == "auto":
+        spread: Any = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype), device_map="auto")
+        return spread.eval()
     model: Any = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype))
     return model.to(device).eval()
 
@@ -85,12 +88,15 @@ def capture_batch(model: Any, batch: list[list[int]], aux_ids: list[int], pad_id
             output_hidden_states=True,
             use_cache=False,
         )
-        aux = torch.cat([out.hidden_states[hf_hidden_state_index(i)] for i in aux_ids], dim=-1)
+        # With the layers spread over GPUs (--device auto) each layer's output is on its own GPU.
+        layers = [out.hidden_states[hf_hidden_state_index(i)] for i in aux_ids]
+        aux = torch.cat([layer.to(layers[-1].device) for layer in layers], dim=-1)
         # One transfer per tensor for the whole batch; per-sample slices are views of it.
         hidden_cpu = to_host(out.last_hidden_state)
         aux_cpu = to_host(aux)
-        if device.type == "cuda":
-            torch.cuda.current_stream(device).synchronize()
+        for used in {out.last_hidden_state.device, aux.device}:
+            if used.type == "cuda":
+                torch.cuda.current_stream(used).synchronize()
     return [Captured(hidden_cpu[row, :n], aux_cpu[row, :n]) for row, n in enumerate(lengths)]
 
 

@@ -85,7 +85,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--dtype", choices=("auto", *capture.DTYPES), default="auto", help="auto: bfloat16 on a GPU, float32 on CPU"
     )
-    parser.add_argument("--device", help="cpu, cuda or cuda:N (default: cuda when available)")
+    parser.add_argument(
+        "--device",
+        help="cpu, cuda, cuda:N, or auto: the target's layers spread over every visible GPU, for a target "
+        "larger than one GPU (hf backend; default: cuda when available)",
+    )
     parser.add_argument("--shard-size", type=positive_int, default=64, help="chats per shard")
     parser.add_argument("--batch-tokens", type=positive_int, default=16384, help="padded tokens per forward pass")
     parser.add_argument(
@@ -159,10 +163,10 @@ def choose_device(requested: str | None) -> str:
 
     if requested is None:
         return "cuda" if torch.cuda.is_available() else "cpu"
-    if requested.startswith("cuda") and not torch.cuda.is_available():
+    if (requested == "auto" or requested.startswith("cuda")) and not torch.cuda.is_available():
         raise UsageError(f"--device {requested}: no CUDA device is visible to this process")
-    if requested != "cpu" and not requested.startswith("cuda"):
-        raise UsageError(f"--device {requested}: use cpu, cuda or cuda:N")
+    if requested not in ("cpu", "auto") and not requested.startswith("cuda"):
+        raise UsageError(f"--device {requested}: use cpu, cuda, cuda:N or auto")
     return requested
 
 
@@ -307,6 +311,8 @@ def load_capturer(
 
 def run(args: argparse.Namespace) -> int:
     target = read_target(args.target)
+    if args.backend == "sglang" and args.device == "auto":
+        raise UsageError("--device auto goes with --backend hf; the sglang backend runs on one GPU")
     if args.backend == "sglang":
         try:
             sglang_capture.check_available(target.architecture)
