@@ -119,23 +119,35 @@ PHASES: tuple[Phase, ...] = (
     Phase("ready", re.compile(r"^The server is fired up and ready to roll")),
 )
 _DRAFT_TYPE = re.compile(r"type=\w*Eagle3\w*")
+# SGLang's decode line: `Decode batch, #running-req: N, ... accept len: X.XX, ... gen throughput (token/s): Y,
+# #queue-req: Z` (accept len only with speculative decoding); each figure becomes a metric.
+DECODE_LINE = "Decode batch"
+DECODE_FIGURES = {
+    "accept_len": re.compile(r"accept len: ([\d.]+)"),
+    "gen_throughput": re.compile(r"gen throughput \(token/s\): ([\d.]+)"),
+    "running_req": re.compile(r"#running-req: (\d+)"),
+    "queue_req": re.compile(r"#queue-req: (\d+)"),
+    "token_usage": re.compile(r"token usage: ([\d.]+)"),
+}
 # Words every line that matters holds (checked as substrings: most lines, decode stats and user prints,
 # hold none, and a substring test is many times cheaper than the patterns).
 _KEYWORDS = (
     "%|", "Completed |", "Capture", "out of memory", "OutOfMemory", "NCCL", "atchdog", "cheduler", "Subprocess",
     "set_eagle3", "context_length", "Errno 98", "warmup error", "Health check", "Init ", "Load weight",
-    "KV Cache", "Memory pool", "Uvicorn", "fired up",
+    "KV Cache", "Memory pool", "Uvicorn", "fired up", DECODE_LINE,
 )  # fmt: skip
 _LINE_END = re.compile(r"[\r\n]")
 
 
 @dataclass
 class Event:
-    """Something the output said: a phase change (`phase`) or a failure (`failure`)."""
+    """Something the output said: a phase change (`phase`), a failure (`failure`), or serving figures
+    (`decode`: SGLang's decode log line as a metric row)."""
 
-    kind: str  # "phase" | "failure"
-    name: str  # the phase, or the failure's code
+    kind: str  # "phase" | "failure" | "decode"
+    name: str  # the phase, the failure's code, or "decode"
     line: str
+    values: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -168,6 +180,9 @@ class OutputReader:
         if known is not None and known.code not in self.seen:
             self.seen.add(known.code)
             events.append(Event("failure", known.code, message))
+        if message.startswith(DECODE_LINE):
+            figures = {k: float(m.group(1)) for k, pattern in DECODE_FIGURES.items() if (m := pattern.search(message))}
+            return [*events, Event("decode", "decode", message, figures)] if figures else events
         bar = _PROGRESS.search(message)
         if bar is not None:
             self.progress = f"{bar.group(1)}/{bar.group(2)}"

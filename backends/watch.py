@@ -1,6 +1,7 @@
 """A run's watch, kept by its supervisor whether or not a console is connected.
 
-Every second it reads the new output (phases and failures, `sglang_log`), polls
+Every second it reads the new output (phases, failures, and for a server its
+decode figures as metric rows: accept length, throughput; `sglang_log`), polls
 the health URL of a serve run, and samples what the run's processes do (CPU
 time from /proc, GPU utilisation of the GPUs they hold). A run whose output has
 been silent for `stall_after` seconds while every one of its processes and GPUs
@@ -33,7 +34,7 @@ from backends import procinfo, sglang_log
 from backends.argv_edit import flag_value
 from backends.gpus import GpuSampler
 from backends.protocol import Diagnosis
-from backends.runstore import OUTPUT, STACKS, WATCH, RunDir, RunSpec, atomic_write_json
+from backends.runstore import METRICS, OUTPUT, STACKS, WATCH, RunDir, RunSpec, append_jsonl, atomic_write_json
 from backends.sglang_facts import DEFAULT_PORT, HOST_FLAG, PORT_FLAG, SERVER_MODULES
 
 TICK_S = 1.0
@@ -134,6 +135,7 @@ class RunWatcher:
         self.sampler = sampler
         self.window = stall_window(spec)
         self.url = health_url(spec)
+        self.serving = spec.kind == "serve"
         self.reader = sglang_log.OutputReader()
         self.watch = Watch()
         self.offset = 0
@@ -187,7 +189,10 @@ class RunWatcher:
         self.offset += len(data)
         events = self.reader.feed(data)
         for event in events:
-            if event.kind == "phase":
+            if event.kind == "decode":
+                if self.serving:  # a server's decode figures are its metric rows (accept length, throughput)
+                    append_jsonl(self.run.file(METRICS), {"t": round(time.time(), 3), **event.values})
+            elif event.kind == "phase":
                 self.run.append_event("phase", phase=event.name, line=event.line)
             else:
                 known = sglang_log.failure(event.name)

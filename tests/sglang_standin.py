@@ -99,6 +99,7 @@ def main() -> int:
     parser.add_argument("--port", type=int, default=30000)
     parser.add_argument("--hang-in", choices=PHASES)
     parser.add_argument("--fail-in", choices=("cuda-graph",))
+    parser.add_argument("--decode-lines", type=int, default=0, help="decode log lines to print once ready")
     args = parser.parse_args()
     hang = args.hang_in
     worker = multiprocessing.get_context("spawn").Process(target=scheduler, args=(hang is not None,), daemon=True)
@@ -124,6 +125,13 @@ def main() -> int:
         hang_forever()
     Health.ready = True
     say("The server is fired up and ready to roll!")
+    for i in range(args.decode_lines):
+        say(
+            f"Decode batch, #running-req: {i + 1}, #token: {900 + i}, token usage: 0.01, "
+            f"accept len: {2.5 + i / 10:.2f}, cuda graph: True, "
+            f"gen throughput (token/s): {400.0 + 10 * i:.2f}, #queue-req: 0, "
+        )
+        time.sleep(0.1)
     hang_forever()
     return 0
 

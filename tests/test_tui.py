@@ -216,3 +216,21 @@ async def test_the_command_palette_finds_a_run_by_name(workdir: Path, nvml_state
         await pilot.press("enter")
         await until(pilot, lambda: table.selected_run() == first, what="the run picked in the palette")
         await pilot.press("q")
+
+
+async def test_a_servers_curves_are_its_accept_length_and_throughput(workdir: Path, nvml_state: Path) -> None:
+    from tests.sshd import free_port
+
+    port = free_port()
+    argv = [sys.executable, "-m", "tests.sglang_standin", "--port", str(port), "--decode-lines", "8"]
+    async with AgentClient(LocalTransport(workdir)) as client:
+        launched = await client.request("launch", kind="serve", argv=argv, health_url=f"http://127.0.0.1:{port}/health")
+    app = ConsoleApp(LocalTransport(workdir))
+    async with app.run_test(size=(160, 50)) as pilot:
+        await until(pilot, lambda: app.query_one(RunsTable).selected_run() == launched["run"], what="the run")
+        accept, throughput = app.query_one("#curve-a", LineChart), app.query_one("#curve-b", LineChart)
+        await until(pilot, lambda: len(accept.values) == 8, timeout=30, what="eight decode rows")
+        assert (accept.title, throughput.title) == ("accept_len", "gen_throughput")
+        assert accept.values[-1] == 3.2 and throughput.values[-1] == 470.0
+        await until(pilot, lambda: app.runs[launched["run"]]["state"] == "ready", what="ready")
+        await pilot.press("q")

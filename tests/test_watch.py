@@ -249,3 +249,32 @@ def test_stacks_on_demand_dump_every_live_process_and_then_show_the_latest(cli: 
     nothing = cli("stacks", fresh)
     assert nothing.returncode == 1
     assert nothing.stderr.decode() == f"eagle3-console: run {fresh} has no live process and no stack dump\n"
+
+
+def test_a_decode_line_becomes_the_servers_figures() -> None:
+    reader = sglang_log.OutputReader()
+    line = (
+        "[2026-11-29 07:10:00] Decode batch, #running-req: 3, #token: 1234, token usage: 0.02, accept len: 3.21, "
+        "cuda graph: True, gen throughput (token/s): 812.33, #queue-req: 1, \n"
+        "[2026-11-29 07:10:01] Decode batch, #running-req: 1, #token: 99, token usage: 0.00, "
+        "gen throughput (token/s): 55.00, #queue-req: 0, \n"
+    )
+    first, second = [e.values for e in reader.feed(line.encode()) if e.kind == "decode"]
+    assert first == {
+        "accept_len": 3.21, "gen_throughput": 812.33, "running_req": 3, "queue_req": 1, "token_usage": 0.02,
+    }  # fmt: skip
+    assert "accept_len" not in second and second["gen_throughput"] == 55.0
+
+
+def test_a_servers_accept_length_and_throughput_are_its_metric_rows(cli: CLI) -> None:
+    run_id, _ = serve(cli, "--decode-lines", "5")
+    wait_state(cli, run_id, {"ready"}, timeout=30)
+
+    def rows() -> list[dict[str, Any]] | None:
+        found = [json.loads(line) for line in cli("metrics", run_id, "--json").stdout.splitlines()]
+        return found if len(found) == 5 else None
+
+    found = wait_for(rows, what="five decode rows")
+    assert [r["accept_len"] for r in found] == [2.5, 2.6, 2.7, 2.8, 2.9]
+    assert found[-1]["gen_throughput"] == 440.0 and all("t" in r for r in found)
+    cli("kill", run_id, "--grace", "1")

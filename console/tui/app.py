@@ -39,7 +39,10 @@ PROGRESS_CHARS = 200
 MAX_PARTIAL = 64 * 1024  # a line without an end is kept to this length
 KILL_GRACE_S = 10.0
 # The two curves shown for a run: the first of each list that its rows carry.
-CURVES = (("loss", "val_loss", "tokens_per_s"), ("acc_0", "val_acc_0", "val_sim_accept_len", "samples"))
+CURVES = (
+    ("loss", "val_loss", "accept_len", "tokens_per_s"),
+    ("acc_0", "val_acc_0", "val_sim_accept_len", "gen_throughput", "samples"),
+)
 
 
 class ConsoleApp(App[None]):
