@@ -19,6 +19,7 @@ from typing import Any, NoReturn
 from backends.doctor import format_result
 from backends.metrics_sources import parse_source
 from backends.protocol import RUN_KINDS, SIGNAL_NAMES
+from backends.sglang_facts import DEFAULT_PORT, SERVER_MODULES
 from console import render
 from console.client import AgentClient, AgentError, follow
 from console.ssh_transport import SSHTransport
@@ -160,6 +161,24 @@ def build_parser() -> Parser:
     p.add_argument("dst", metavar="DST")
     p.add_argument("--to", choices=("sglang",), default="sglang")
     p.add_argument("--json", action="store_true")
+
+    p = sub.add_parser(
+        "serve",
+        help="serve a target with its EAGLE-3 draft: serve TARGET DRAFT [options] [-- SGLANG FLAGS...]",
+        description="Shorthand for `launch serve -- PYTHON -m sglang.launch_server --model-path TARGET "
+        "--speculative-algorithm EAGLE3 --speculative-draft-model-path DRAFT --port PORT [--tp-size #GPUS] "
+        "FLAGS...`; SGLang's parser and doctor check it first.",
+    )
+    p.add_argument("target", metavar="TARGET", help="the target model's folder (or hub name) on the host")
+    p.add_argument("draft", metavar="DRAFT", help="the draft's folder on the host")
+    p.add_argument("--name", help="a name to find the run by (default: serve)")
+    p.add_argument("--gpus", type=gpu_list, default=[], help="GPUs for CUDA_VISIBLE_DEVICES; --tp-size follows them")
+    p.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"the server's port (default {DEFAULT_PORT})")
+    p.add_argument("--python", default="python3", help="the host interpreter that has SGLang (default python3)")
+    p.add_argument("--env", type=env_pair, action="append", default=[], help="NAME=VALUE for the run (repeatable)")
+    p.add_argument("--stall-after", type=positive, help="seconds of idle silence that make the launch stalled (30)")
+    p.add_argument("--force", action="store_true", help="launch even when SGLang's parser or doctor refuses it")
+    p.add_argument("--follow", action="store_true", help="print the startup phases until the server is ready")
 
     for stage in STAGES:
         p = sub.add_parser(
@@ -406,6 +425,53 @@ async def cmd_stage(client: AgentClient, ns: argparse.Namespace, args: list[str]
     return await follow_metrics(client, result["run"])
 
 
+def serve_argv(ns: argparse.Namespace, flags: list[str]) -> list[str]:
+    """SGLang's server command for a target and its EAGLE-3 draft; FLAGS come last and win."""
+    argv = [ns.python, "-m", SERVER_MODULES[0], "--model-path", ns.target, "--speculative-algorithm", "EAGLE3"]
+    argv += ["--speculative-draft-model-path", ns.draft, "--port", str(ns.port)]
+    if len(ns.gpus) > 1 and not any(f.split("=")[0] in ("--tp-size", "--tp", "--tensor-parallel-size") for f in flags):
+        argv += ["--tp-size", str(len(ns.gpus))]
+    return argv + flags
+
+
+async def cmd_serve(client: AgentClient, ns: argparse.Namespace, flags: list[str]) -> int:
+    result = await client.request(
+        "launch",
+        kind="serve",
+        argv=serve_argv(ns, flags),
+        name=ns.name or "serve",
+        env=dict(ns.env),
+        cwd=os.getcwd(),
+        gpus=ns.gpus,
+        health_url=f"http://127.0.0.1:{ns.port}/health",
+        stall_after=ns.stall_after,
+        force=ns.force,
+    )
+    code = report_launched(result, as_json=False)
+    if code != EXIT_OK or not ns.follow:
+        return code
+    return await follow_startup(client, result["run"])
+
+
+async def follow_startup(client: AgentClient, run: str) -> int:
+    """Print a server's phases, health, stalls and failures as they happen; 0 once it is ready."""
+    offsets = {"log": PAST_END, "metrics": PAST_END, "events": 0}
+    async for msg in follow(client, run, offsets, note):
+        if msg["stream"] == "end":
+            note(f"run {run} {msg['state']} before it was ready; see `logs {run}`")
+            return EXIT_FAILED
+        for event in msg.get("rows", []) if msg["stream"] == "events" else []:
+            line = render.startup_event(event)
+            if line:
+                out(line)
+            if event.get("type") == "state" and event.get("state") == "ready":
+                return EXIT_OK
+            if event.get("type") == "stalled":
+                note(f"run {run} is stalled (it keeps running): `stacks {run}` shows where each process waits")
+                return EXIT_FAILED
+    return EXIT_FAILED
+
+
 async def cmd_doctor(client: AgentClient, ns: argparse.Namespace, _: list[str]) -> int:
     result = await client.request(
         "doctor",
@@ -435,6 +501,7 @@ COMMANDS: dict[str, Command] = {
     "status": cmd_status,
     "launch": cmd_launch,
     "kill": cmd_kill,
+    "serve": cmd_serve,
     "stacks": cmd_stacks,
     "relaunch": cmd_relaunch,
     "free-gpus": cmd_free_gpus,
@@ -480,7 +547,7 @@ def main(args: list[str] | None = None) -> int:
         ns = build_parser().parse_args(join_flag_values(options))
         if ns.command is None:
             return open_console(ns)
-        if argv and ns.command not in ("launch", *STAGES):
+        if argv and ns.command not in ("launch", "serve", *STAGES):
             raise UsageError(f"'--' and a command line only go with 'launch', not {ns.command!r}")
         return asyncio.run(run_command(ns, argv))
     except UsageError as exc:

@@ -206,3 +206,19 @@ class LiveTable:
                 out.append(self._line(self.columns))
             out.append(self._line([cell(row.get(c)) if c in row else "" for c in self.columns]))
         return out
+
+
+def startup_event(event: dict[str, Any]) -> str | None:
+    """One line for a server's startup event worth a person's attention (None for the others)."""
+    kind, at = event.get("type"), clock(event.get("t"))
+    if kind == "phase":
+        return f"{at}  phase {event['phase']}"
+    if kind == "health":
+        return f"{at}  health {event['status']}"
+    if kind == "state" and event.get("state") in ("ready", "stalled", "running"):
+        return f"{at}  state {event['state']}"
+    if kind == "stalled":
+        return f"{at}  STALLED in {event.get('phase') or 'an unknown phase'} after {event['silent_s']} s of silence"
+    if kind == "diagnosis":
+        return f"{at}  {event['code']}: {event['meaning']}; try: {event['hint']}"
+    return None

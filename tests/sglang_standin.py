@@ -1,4 +1,5 @@
-"""A stand-in for SGLang's server (`python -m tests.sglang_standin [--port P] [--hang-in PHASE | --fail-in PHASE]`).
+"""A stand-in for SGLang's server (`python -m tests.sglang_standin [--port P] [--hang-in PHASE | --fail-in PHASE]`;
+`tests/fake_sglang` puts it under `python -m sglang.launch_server` too).
 
 It replays SGLang 0.5.23's startup output as `sglang.md` records it (scheduler
 lines with a timestamp prefix, tqdm bars ended by carriage returns, target then
@@ -100,7 +101,7 @@ def main() -> int:
     parser.add_argument("--hang-in", choices=PHASES)
     parser.add_argument("--fail-in", choices=("cuda-graph",))
     parser.add_argument("--decode-lines", type=int, default=0, help="decode log lines to print once ready")
-    args = parser.parse_args()
+    args, _sglang_flags = parser.parse_known_args()  # a real server command line carries many more flags
     hang = args.hang_in
     worker = multiprocessing.get_context("spawn").Process(target=scheduler, args=(hang is not None,), daemon=True)
     worker.start()

@@ -278,3 +278,47 @@ def test_a_servers_accept_length_and_throughput_are_its_metric_rows(cli: CLI) ->
     assert [r["accept_len"] for r in found] == [2.5, 2.6, 2.7, 2.8, 2.9]
     assert found[-1]["gen_throughput"] == 440.0 and all("t" in r for r in found)
     cli("kill", run_id, "--grace", "1")
+
+
+def test_serve_launches_sglang_with_the_draft_and_follows_it_until_ready(cli: CLI, tmp_path: Path) -> None:
+    from tests.conftest import REPO
+    from tests.draft_fixtures import good_draft, write_target
+    from tests.sshd import free_port
+
+    target, draft = write_target(tmp_path / "target"), good_draft(tmp_path / "draft")
+    port = free_port()
+    env = f"PYTHONPATH={REPO / 'tests' / 'fake_sglang'}:{REPO}"
+    done = cli(
+        "serve", str(target), str(draft), "--port", str(port), "--python", sys.executable, "--env", env,
+        "--name", "srv", "--follow", "--", "--mem-fraction-static", "0.8",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.decode().splitlines()
+    run_id = lines[0]
+    phases = [line.split("phase ")[1] for line in lines if "  phase " in line]
+    assert phases == PHASES_0_5_23 and any(line.endswith("health ok") for line in lines)
+    assert lines[-1].endswith("state ready")
+    argv = run_info(cli, run_id)["argv"]
+    assert argv[1:5] == ["-m", "sglang.launch_server", "--model-path", str(target)]
+    assert argv[5:9] == ["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", str(draft)]
+    assert argv[-2:] == ["--mem-fraction-static", "0.8"]
+    cli("kill", run_id, "--grace", "1")
+
+
+def test_serve_follow_reports_a_stalled_launch_and_where_to_look(cli: CLI, tmp_path: Path) -> None:
+    from tests.conftest import REPO
+    from tests.draft_fixtures import good_draft, write_target
+    from tests.sshd import free_port
+
+    target, draft = write_target(tmp_path / "target"), good_draft(tmp_path / "draft")
+    env = f"PYTHONPATH={REPO / 'tests' / 'fake_sglang'}:{REPO}"
+    done = cli(
+        "serve", str(target), str(draft), "--port", str(free_port()), "--python", sys.executable, "--env", env,
+        "--stall-after", "2", "--follow", "--", "--hang-in", "draft-load-weights",
+    )  # fmt: skip
+    assert done.returncode == 1
+    assert "STALLED in draft-load-weights (1/2)" in done.stdout.decode()
+    run_id = done.stdout.decode().splitlines()[0]
+    assert f"`stacks {run_id}` shows where each process waits" in done.stderr.decode()
+    assert run_info(cli, run_id)["state"] == "stalled"  # still running: the user decides
+    cli("kill", run_id, "--grace", "1")
