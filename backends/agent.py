@@ -296,8 +296,10 @@ class Agent:
     async def op_kill(self, run: str, signal: str, grace: float) -> Any:
         return await asyncio.to_thread(runctl.kill, self.store.get(run), signal, grace)
 
-    async def op_relaunch(self, run: str, set: list[str], unset: list[str], grace: float, force: bool) -> Any:
-        return await asyncio.to_thread(runctl.relaunch, self.store, run, set, unset, grace, force)
+    async def op_relaunch(
+        self, run: str, set: list[str], unset: list[str], grace: float, force: bool, dry_run: bool
+    ) -> Any:
+        return await asyncio.to_thread(runctl.relaunch, self.store, run, set, unset, grace, force, dry_run)
 
     async def op_free_gpus(self, gpus: list[int] | None, dry_run: bool, timeout: float, grace: float) -> Any:
         self._owners = runctl.owner_lookup(self.store)

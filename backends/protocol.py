@@ -245,6 +245,7 @@ OPS: dict[str, _ArgSpec] = {
         "unset": (_LIST, False, []),
         "grace": (_NUM, False, 10.0),
         "force": (_BOOL, False, False),
+        "dry_run": (_BOOL, False, False),
     },
     "free_gpus": {
         "gpus": (_OPT_LIST, False, None),

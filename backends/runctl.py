@@ -187,12 +187,19 @@ def has_live_processes(run: RunDir) -> bool:
 
 
 def relaunch(
-    store: RunStore, ref: str, sets: list[str], unsets: list[str], grace: float, force: bool = False
+    store: RunStore,
+    ref: str,
+    sets: list[str],
+    unsets: list[str],
+    grace: float,
+    force: bool = False,
+    dry_run: bool = False,
 ) -> dict[str, Any]:
     """Launch a copy of a run with flags set or removed, linked to it as parent.
 
     The copy passes the pre-launch gate before anything else happens; then a
     parent that is still alive is stopped: both would want the same GPUs and port.
+    `dry_run` stops after the gate: the copy's command line and what the checks found, nothing stopped.
     """
     parent = store.get(ref)
     spec = parent.spec()
@@ -204,6 +211,8 @@ def relaunch(
         raise OpError("bad_args", str(exc)) from None
     child_spec = dataclasses.replace(spec, argv=argv, parent=parent.id, created_at=time.time())
     checked = gate(child_spec, force)
+    if dry_run:
+        return {"parent": parent.id, "argv": mask_argv(argv), "flags": checked["flags"], "doctor": checked["doctor"]}
     stopped = kill(parent, "TERM", grace) if has_live_processes(parent) else None
     result = launch(store, child_spec, checked)
     result.update(parent=parent.id, argv=mask_argv(argv), stopped_parent=stopped)

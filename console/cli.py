@@ -126,6 +126,7 @@ def build_parser() -> Parser:
     p.add_argument("--unset", dest="unsets", action="append", default=[], metavar="FLAG")
     p.add_argument("--grace", type=positive, default=10.0)
     p.add_argument("--force", action="store_true", help="relaunch even when doctor finds errors in the draft")
+    p.add_argument("--dry-run", action="store_true", help="show the new command line and its checks; stop nothing")
     p.add_argument("--json", action="store_true")
 
     p = sub.add_parser("free-gpus", help="kill your processes holding GPU memory")
@@ -307,7 +308,12 @@ async def cmd_kill(client: AgentClient, ns: argparse.Namespace, _: list[str]) ->
 async def cmd_relaunch(client: AgentClient, ns: argparse.Namespace, _: list[str]) -> int:
     sets = [as_flag(item) for item in ns.sets]
     unsets = [as_flag(item) for item in ns.unsets]
-    result = await client.request("relaunch", run=ns.run, set=sets, unset=unsets, grace=ns.grace, force=ns.force)
+    result = await client.request(
+        "relaunch", run=ns.run, set=sets, unset=unsets, grace=ns.grace, force=ns.force, dry_run=ns.dry_run
+    )
+    if ns.dry_run:
+        dump(result) if ns.json else out(render.relaunch_preview(result))
+        return EXIT_OK
     if result.get("stopped_parent") and not ns.json:
         out(render.kill_text(result["stopped_parent"]))
     return report_launched(result, ns.json)

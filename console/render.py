@@ -8,6 +8,8 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from backends.serve_flags import server_command
+
 NA = "n/a"
 
 
@@ -222,3 +224,18 @@ def startup_event(event: dict[str, Any]) -> str | None:
     if kind == "diagnosis":
         return f"{at}  {event['code']}: {event['meaning']}; try: {event['hint']}"
     return None
+
+
+def relaunch_preview(result: dict[str, Any]) -> str:
+    """What a relaunch would start, and what the pre-launch checks said of it (nothing was stopped)."""
+    lines = [f"would stop run {result['parent']} and start:", f"  {shlex.join(result['argv'])}"]
+    flags, verdict = result.get("flags"), result.get("doctor")
+    if flags is not None:
+        lines.append(f"{flags['severity']}: {flags['message']}")
+    elif server_command(result["argv"]) is not None:
+        lines.append("SGLang's parser: accepted")
+    if verdict is not None:
+        lines.append(f"doctor: {verdict['errors']} error(s), {verdict['warnings']} warning(s)")
+        notable = [f for f in verdict["findings"] if f["severity"] != "info"]
+        lines += [f"  {f['severity'].upper()} {f['code']}: {f['message']}" for f in notable]
+    return "\n".join(lines)

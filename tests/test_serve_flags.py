@@ -116,3 +116,14 @@ async def test_the_console_can_ask_sglangs_verdict_before_launching(client: Agen
     without = await client.request("preflight", kind="serve", argv=argv, env={"PYTHONPATH": str(tmp_path)})
     assert without["flags"]["code"] == "launch-flags-unchecked" and without["doctor"] is None
     assert await client.request("preflight", kind="train", argv=argv) == {"flags": None, "doctor": None}
+
+
+@needs_parser
+def test_a_dry_run_relaunch_shows_the_new_command_and_its_checks_and_stops_nothing(cli: CLI, workdir: Path) -> None:
+    parent = cli("launch", "serve", *parser_env(), "--", *SERVER, "--model-path", "/nowhere").stdout.decode().strip()
+    preview = cli("relaunch", parent, "--set", "--disable-cuda-graph", "--dry-run")
+    assert preview.returncode == 0, preview.stderr
+    text = preview.stdout.decode()
+    assert f"would stop run {parent} and start:" in text and "--model-path /nowhere --disable-cuda-graph" in text
+    assert "SGLang's parser: accepted" in text
+    assert runs(workdir) == [parent]  # nothing started

@@ -102,6 +102,12 @@ async def test_relaunch_with_a_preset_flag_replaces_the_run(workdir: Path, nvml_
         await until(pilot, lambda: isinstance(app.screen, RelaunchScreen), what="the relaunch dialog")
         await pilot.click("Button.preset")  # the first preset: --disable-cuda-graph
         await pilot.press("enter")
+        confirm = await until(
+            pilot, lambda: app.screen if isinstance(app.screen, ConfirmScreen) else None, what="the preview"
+        )
+        assert "--model-path m --disable-cuda-graph" in confirm.details  # the new command line, before anything stops
+        assert state_of(workdir, run_id) == "running"
+        await pilot.press("y")
         table = app.query_one(RunsTable)
         await until(pilot, lambda: table.row_count == 2, what="the relaunched run")
         child = next(r for r in app.runs.values() if r["id"] != run_id)

@@ -261,14 +261,17 @@ class ConsoleApp(App[None]):
 
     @work(group="actions")
     async def relaunch(self, run_id: str, flags: tuple[list[str], list[str]] | None) -> None:
+        """Show the new command line and what the checks say, stop nothing until the person agrees."""
         if flags is None:
             return
         sets, unsets = flags
-        self.notify("checking the new command line (SGLang's parser, doctor) before stopping the run", timeout=8)
+        self.notify("checking the new command line (SGLang's parser, doctor); nothing is stopped yet", timeout=8)
+        change = {"run": run_id, "set": sets, "unset": unsets, "grace": KILL_GRACE_S, "force": False}
         try:
-            result = await self.client.request(
-                "relaunch", run=run_id, set=sets, unset=unsets, grace=KILL_GRACE_S, force=False
-            )
+            preview = await self.client.request("relaunch", **change, dry_run=True)
+            if not await self.push_screen_wait(ConfirmScreen("Relaunch?", render.relaunch_preview(preview))):
+                return
+            result = await self.client.request("relaunch", **change, dry_run=False)
         except AgentError as exc:
             self.notify(exc.message, title="relaunch refused", severity="error", timeout=15)
             return
