@@ -80,7 +80,8 @@ class AgentClient:
         if hello.get("version") != protocol.PROTOCOL_VERSION:
             raise TransportError(
                 f"agent speaks protocol {hello.get('version')}, this console {protocol.PROTOCOL_VERSION}; "
-                "update eagle3-console on both sides"
+                "update eagle3-console on both sides",
+                transient=False,
             )
         return hello
 

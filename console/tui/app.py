@@ -69,6 +69,7 @@ class ConsoleApp(App[None]):
         self.followed: str | None = None
         self.lost: tuple[float, str] | None = None  # when the link was lost, and why
         self.generation = 0  # connections made so far: a follower resubscribes on the next one
+        self.status_failed = False  # the last status request was refused (its banner is up)
 
     def compose(self) -> ComposeResult:
         yield Header()
@@ -103,11 +104,19 @@ class ConsoleApp(App[None]):
                 await self.connect()
             try:
                 status = await self.client.request("status", gpus=True)
+            except AgentError as exc:  # the agent answered but could not say: show it, ask again later
+                self.status_failed = True
+                self.banner(f"status failed: {exc.message}")
+                await asyncio.sleep(POLL_S)
+                continue
             except TransportError as exc:
                 self.connected.clear()
                 self.lost = (time.monotonic(), str(exc))
                 self.banner(f"link lost: {exc}; reconnecting")
                 continue
+            if self.status_failed:
+                self.status_failed = False
+                self.banner(None)
             self.show_status(status)
             await asyncio.sleep(POLL_S)
 
