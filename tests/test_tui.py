@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+from textual.pilot import Pilot
 from textual.widgets import HelpPanel, RichLog, Static
 
 from backends import procinfo
@@ -34,6 +37,18 @@ async def launch(workdir: Path, argv: list[str], kind: str = "command", name: st
     async with AgentClient(LocalTransport(workdir)) as client:
         result = await client.request("launch", kind=kind, argv=argv, name=name)
     return str(result["run"])
+
+
+@contextlib.asynccontextmanager
+async def console_on(
+    transport: LocalTransport, run_id: str, readonly: bool = False
+) -> AsyncIterator[tuple[ConsoleApp, Pilot[None]]]:
+    """The console open at 160 x 50 with `run_id` shown and selected; quit with q at the end."""
+    app = ConsoleApp(transport, readonly=readonly)
+    async with app.run_test(size=(160, 50)) as pilot:
+        await until(pilot, lambda: app.query_one(RunsTable).selected_run() == run_id, what="the run")
+        yield app, pilot
+        await pilot.press("q")
 
 
 def state_of(workdir: Path, run_id: str) -> str:
@@ -76,9 +91,7 @@ async def test_runs_gpus_details_log_and_curves_appear(workdir: Path, nvml_state
 
 async def test_kill_asks_first_with_cancel_focused_and_kills_only_on_yes(workdir: Path, nvml_state: Path) -> None:
     run_id = await launch(workdir, [sys.executable, "-c", SLEEPER])
-    app = ConsoleApp(LocalTransport(workdir))
-    async with app.run_test(size=(160, 50)) as pilot:
-        await until(pilot, lambda: app.query_one(RunsTable).selected_run() == run_id, what="the run")
+    async with console_on(LocalTransport(workdir), run_id) as (app, pilot):
         await pilot.press("k")
         await until(pilot, lambda: isinstance(app.screen, ConfirmScreen), what="the confirmation")
         assert app.focused is not None and app.focused.id == "cancel"
@@ -90,14 +103,11 @@ async def test_kill_asks_first_with_cancel_focused_and_kills_only_on_yes(workdir
         await until(pilot, lambda: isinstance(app.screen, ConfirmScreen), what="the confirmation")
         await pilot.press("y")
         await until(pilot, lambda: state_of(workdir, run_id) == "killed", what="the run to be killed")
-        await pilot.press("q")
 
 
 async def test_relaunch_with_a_preset_flag_replaces_the_run(workdir: Path, nvml_state: Path) -> None:
     run_id = await launch(workdir, [sys.executable, "-c", SLEEPER, "--model-path", "m"], name="srv")
-    app = ConsoleApp(LocalTransport(workdir))
-    async with app.run_test(size=(160, 50)) as pilot:
-        await until(pilot, lambda: app.query_one(RunsTable).selected_run() == run_id, what="the run")
+    async with console_on(LocalTransport(workdir), run_id) as (app, pilot):
         await pilot.press("r")
         await until(pilot, lambda: isinstance(app.screen, RelaunchScreen), what="the relaunch dialog")
         await pilot.click("Button.preset")  # the first preset: --disable-cuda-graph
@@ -113,28 +123,22 @@ async def test_relaunch_with_a_preset_flag_replaces_the_run(workdir: Path, nvml_
         child = next(r for r in app.runs.values() if r["id"] != run_id)
         assert child["argv"][-1] == "--disable-cuda-graph" and child["parent"] == run_id
         await until(pilot, lambda: state_of(workdir, run_id) == "killed", what="the parent to be stopped")
-        await pilot.press("q")
 
 
 async def test_read_only_offers_no_action(workdir: Path, nvml_state: Path) -> None:
     run_id = await launch(workdir, [sys.executable, "-c", SLEEPER])
-    app = ConsoleApp(LocalTransport(workdir), readonly=True)
-    async with app.run_test(size=(160, 50)) as pilot:
-        await until(pilot, lambda: app.query_one(RunsTable).selected_run() == run_id, what="the run")
+    async with console_on(LocalTransport(workdir), run_id, readonly=True) as (app, pilot):
         for key in ("k", "r", "f"):
             await pilot.press(key)
             await pilot.pause(0.2)
             assert not isinstance(app.screen, ConfirmScreen | RelaunchScreen)
         assert state_of(workdir, run_id) == "running"
-        await pilot.press("q")
 
 
 async def test_a_lost_agent_shows_a_banner_and_the_console_recovers(workdir: Path, nvml_state: Path) -> None:
     run_id = await launch(workdir, [sys.executable, "-c", SLEEPER])
     transport = LocalTransport(workdir)
-    app = ConsoleApp(transport)
-    async with app.run_test(size=(160, 50)) as pilot:
-        await until(pilot, lambda: app.query_one(RunsTable).selected_run() == run_id, what="the run")
+    async with console_on(transport, run_id) as (app, pilot):
         assert transport._proc is not None
         transport._proc.kill()  # the agent dies as a dropped link would end it
         banner = app.query_one("#link", Static)
@@ -145,7 +149,6 @@ async def test_a_lost_agent_shows_a_banner_and_the_console_recovers(workdir: Pat
         await until(pilot, lambda: "link restored after" in text() and "it was lost" in text(), what="the banner")
         await until(pilot, lambda: not banner.display, timeout=30, what="the banner to go")
         await until(pilot, lambda: app.query_one(RunsTable).selected_run() == run_id, what="the run again")
-        await pilot.press("q")
 
 
 @pytest.mark.parametrize("theme", ["eagle3-night", "eagle3-day"])
@@ -183,29 +186,23 @@ def test_without_a_terminal_the_console_asks_for_a_command(workdir: Path) -> Non
 
 async def test_s_shows_every_process_stack_of_the_selected_run(workdir: Path, nvml_state: Path) -> None:
     run_id = await launch(workdir, [sys.executable, "-c", SLEEPER])
-    app = ConsoleApp(LocalTransport(workdir))
-    async with app.run_test(size=(160, 50)) as pilot:
-        await until(pilot, lambda: app.query_one(RunsTable).selected_run() == run_id, what="the run")
+    async with console_on(LocalTransport(workdir), run_id) as (app, pilot):
         await pilot.press("s")
         screen = await until(pilot, lambda: app.screen if isinstance(app.screen, TextScreen) else None, what="stacks")
         # py-spy's view: the one thread idle, in the script's line 3 (the sleep).
         assert "=== pid " in screen.text and "(idle)" in screen.text and "<module> (<string>:3)" in screen.text
         await pilot.press("escape")
         await until(pilot, lambda: not isinstance(app.screen, TextScreen), what="the dump to close")
-        await pilot.press("q")
 
 
 async def test_a_progress_bar_being_redrawn_shows_under_the_log(workdir: Path, nvml_state: Path) -> None:
     argv = [sys.executable, "-m", "tests.sglang_standin", "--port", "1", "--hang-in", "load-weights"]
     run_id = await launch(workdir, argv, kind="serve")
-    app = ConsoleApp(LocalTransport(workdir))
-    async with app.run_test(size=(160, 50)) as pilot:
-        await until(pilot, lambda: app.query_one(RunsTable).selected_run() == run_id, what="the run")
+    async with console_on(LocalTransport(workdir), run_id) as (app, pilot):
         progress = app.query_one("#progress", Static)
         await until(pilot, lambda: "Completed | 4/8" in str(progress.content), what="the progress bar")
         log = app.query_one(RichLog)
         assert any("Load weight begin" in line.text for line in log.lines)
-        await pilot.press("q")
 
 
 async def test_the_command_palette_finds_a_run_by_name(workdir: Path, nvml_state: Path) -> None:
@@ -231,12 +228,9 @@ async def test_a_servers_curves_are_its_accept_length_and_throughput(workdir: Pa
     argv = [sys.executable, "-m", "tests.sglang_standin", "--port", str(port), "--decode-lines", "8"]
     async with AgentClient(LocalTransport(workdir)) as client:
         launched = await client.request("launch", kind="serve", argv=argv, health_url=f"http://127.0.0.1:{port}/health")
-    app = ConsoleApp(LocalTransport(workdir))
-    async with app.run_test(size=(160, 50)) as pilot:
-        await until(pilot, lambda: app.query_one(RunsTable).selected_run() == launched["run"], what="the run")
+    async with console_on(LocalTransport(workdir), launched["run"]) as (app, pilot):
         accept, throughput = app.query_one("#curve-a", LineChart), app.query_one("#curve-b", LineChart)
         await until(pilot, lambda: len(accept.values) == 8, timeout=30, what="eight decode rows")
         assert (accept.title, throughput.title) == ("accept_len", "gen_throughput")
         assert accept.values[-1] == 3.2 and throughput.values[-1] == 470.0
         await until(pilot, lambda: app.runs[launched["run"]]["state"] == "ready", what="ready")
-        await pilot.press("q")
