@@ -165,3 +165,23 @@ async def test_the_console_leaves_with_the_reason_when_the_host_key_is_refused(
         await until(pilot, lambda: app.return_code == 1, what="the console to leave")
     assert app.return_code == 1
     assert not (tmp_path / "work").exists()
+
+
+async def test_the_console_over_ssh_shows_the_hosts_runs(
+    sshd: Sshd, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from console.ssh_transport import SSHTransport
+    from console.tui.app import ConsoleApp
+    from console.tui.panels import RunsTable
+
+    workdir = tmp_path / "work"
+    launched = console(sshd, "local", workdir, "launch", "command", "--name", "on-host", "--", "sleep", "60")
+    run_id = launched.stdout.strip()
+    monkeypatch.setenv("HOME", str(sshd.home))
+    monkeypatch.delenv("SSH_AUTH_SOCK", raising=False)
+    app = ConsoleApp(SSHTransport(ALIAS, workdir))
+    async with app.run_test(size=(160, 50)) as pilot:
+        await until(pilot, lambda: app.query_one(RunsTable).selected_run() == run_id, what="the host's run")
+        assert app.sub_title == ALIAS and app.runs[run_id]["name"] == "on-host"
+        await pilot.press("q")
+    console(sshd, "local", workdir, "kill", run_id, "--grace", "1")
