@@ -21,14 +21,13 @@ from backends.metrics_sources import parse_source
 from backends.protocol import RUN_KINDS, SIGNAL_NAMES
 from backends.sglang_facts import DEFAULT_PORT, SERVER_MODULES
 from console import render
-from console.client import AgentClient, AgentError, follow
+from console.client import PAST_END, AgentClient, AgentError, follow
 from console.ssh_transport import SSHTransport
 from console.transport import LocalTransport, Transport, TransportError
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 STAGES = ("extract", "train")
 # A subscription offset beyond any file: that stream sends nothing.
-PAST_END = 1 << 62
 
 
 class UsageError(Exception):
@@ -284,7 +283,7 @@ def report_launched(result: dict[str, Any], as_json: bool) -> int:
     else:
         out(result["run"])
     if result.get("error"):
-        print(f"eagle3-console: run {result['run']} failed to start: {result['error']}", file=sys.stderr)
+        note(f"run {result['run']} failed to start: {result['error']}")
         return EXIT_FAILED
     return EXIT_OK
 
@@ -372,7 +371,7 @@ async def follow_metrics(client: AgentClient, run: str, wide: bool = False) -> i
                 out(line)
         elif msg["stream"] == "end":
             final = msg["state"]
-    print(f"eagle3-console: run {run} {final}", file=sys.stderr)
+    note(f"run {run} {final}")
     return EXIT_OK if final == "exited" else EXIT_FAILED
 
 
@@ -393,7 +392,7 @@ async def cmd_metrics(client: AgentClient, ns: argparse.Namespace, _: list[str])
     else:
         out("no metrics yet")
     if result["skipped"]:
-        print(f"eagle3-console: skipped {result['skipped']} malformed metric line(s)", file=sys.stderr)
+        note(f"skipped {result['skipped']} malformed metric line(s)")
     return EXIT_OK
 
 
@@ -557,15 +556,15 @@ def main(args: list[str] | None = None) -> int:
             raise UsageError(f"'--' and a command line only go with 'launch', not {ns.command!r}")
         return asyncio.run(run_command(ns, argv))
     except UsageError as exc:
-        print(f"eagle3-console: {exc}", file=sys.stderr)
+        note(str(exc))
         return EXIT_USAGE
     except AgentError as exc:
         if exc.code in ("doctor_refused", "flags_refused") and exc.details:
             print(format_result(exc.details), file=sys.stderr)
-        print(f"eagle3-console: {exc.message}", file=sys.stderr)
+        note(exc.message)
         return EXIT_USAGE if exc.code in ("bad_args", "unknown_op") else EXIT_FAILED
     except TransportError as exc:
-        print(f"eagle3-console: {exc}", file=sys.stderr)
+        note(str(exc))
         return EXIT_FAILED
     except KeyboardInterrupt:
         return EXIT_OK

@@ -18,6 +18,9 @@ from typing import Any
 from backends import protocol
 from console.transport import Transport, TransportError
 
+# An offset past any file's end: subscribe to a stream from now on, skipping what it already holds.
+PAST_END = 1 << 62
+
 
 class AgentError(Exception):
     """The agent refused a request; `code` is machine-readable, the message is for people."""

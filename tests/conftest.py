@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -183,3 +184,11 @@ async def until(pilot: Any, predicate: Callable[[], Any], timeout: float = 20, w
             return value
         await pilot.pause(0.1)
     raise AssertionError(f"timed out waiting for {what}")
+
+
+def free_port() -> int:
+    """A loopback port nobody listens on right now (for a stand-in server, or a host that does not answer)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port

@@ -17,6 +17,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from tests.conftest import free_port
+
 SSHD = Path("/usr/sbin/sshd")
 ALIAS = "gpu-test"
 
@@ -59,13 +61,6 @@ def _config(port: int, key: Path) -> str:
     return (
         f"Host {ALIAS}\n    HostName 127.0.0.1\n    Port {port}\n    User {getpass.getuser()}\n    IdentityFile {key}\n"
     )
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def start_sshd(folder: Path) -> Sshd:

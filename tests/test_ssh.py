@@ -17,7 +17,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from console.ssh_transport import backends_version, parse_host
-from tests.conftest import REPO, until, wait_for
+from tests.conftest import REPO, free_port, until, wait_for
 from tests.sshd import ALIAS, Sshd, keygen
 
 PRINTER = "import sys\nprint('hello from the host')\nsys.stdout.write('progress 50%\\r')\nraise SystemExit(3)"
@@ -118,8 +118,6 @@ def test_a_key_the_host_does_not_accept_is_permission_denied(sshd: Sshd, tmp_pat
 
 
 def test_a_host_that_does_not_answer_is_reported_in_one_line(sshd: Sshd, tmp_path: Path) -> None:
-    from tests.sshd import free_port
-
     done = console(sshd, f"127.0.0.1:{free_port()}", tmp_path / "work", "status")
     assert done.returncode == 1
     assert done.stderr.startswith("eagle3-console: cannot reach 127.0.0.1:") and done.stderr.count("\n") == 1

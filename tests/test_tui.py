@@ -19,7 +19,7 @@ from console.tui.app import ConsoleApp
 from console.tui.chart import LineChart, braille_rows, downsample
 from console.tui.dialogs import ConfirmScreen, RelaunchScreen, TextScreen
 from console.tui.panels import GpuPanel, RunDetail, RunsTable
-from tests.conftest import until
+from tests.conftest import free_port, until
 from tests.fake_nvml import gpu, write_state
 
 SLEEPER = "import time\nprint('serving', flush=True)\ntime.sleep(120)"
@@ -222,8 +222,6 @@ async def test_the_command_palette_finds_a_run_by_name(workdir: Path, nvml_state
 
 
 async def test_a_servers_curves_are_its_accept_length_and_throughput(workdir: Path, nvml_state: Path) -> None:
-    from tests.sshd import free_port
-
     port = free_port()
     argv = [sys.executable, "-m", "tests.sglang_standin", "--port", str(port), "--decode-lines", "8"]
     async with AgentClient(LocalTransport(workdir)) as client:

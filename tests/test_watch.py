@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import socket
 import sys
 import time
 from pathlib import Path
@@ -19,7 +18,7 @@ from hypothesis import strategies as st
 
 from backends import sglang_log, watch
 from backends.runstore import RunSpec
-from tests.conftest import CLI, launch, run_info, wait_for, wait_state
+from tests.conftest import CLI, free_port, launch, run_info, wait_for, wait_state
 from tests.fake_nvml import gpu, write_state
 
 STARTUP_0_5_23 = """\
@@ -122,13 +121,6 @@ def test_a_serve_command_is_health_polled_on_the_port_it_names() -> None:
     assert watch.health_url(spec(*server, kind="command")) is None
     assert watch.stall_window(spec(*server)) == watch.DEFAULT_STALL_AFTER_S
     assert watch.stall_window(spec("sleep", "9", kind="command")) is None
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def serve(cli: CLI, *standin: str, stall_after: str = "2") -> tuple[str, int]:
@@ -283,7 +275,6 @@ def test_a_servers_accept_length_and_throughput_are_its_metric_rows(cli: CLI) ->
 def test_serve_launches_sglang_with_the_draft_and_follows_it_until_ready(cli: CLI, tmp_path: Path) -> None:
     from tests.conftest import REPO
     from tests.draft_fixtures import good_draft, write_target
-    from tests.sshd import free_port
 
     target, draft = write_target(tmp_path / "target"), good_draft(tmp_path / "draft")
     port = free_port()
@@ -308,7 +299,6 @@ def test_serve_launches_sglang_with_the_draft_and_follows_it_until_ready(cli: CL
 def test_serve_follow_reports_a_stalled_launch_and_where_to_look(cli: CLI, tmp_path: Path) -> None:
     from tests.conftest import REPO
     from tests.draft_fixtures import good_draft, write_target
-    from tests.sshd import free_port
 
     target, draft = write_target(tmp_path / "target"), good_draft(tmp_path / "draft")
     env = f"PYTHONPATH={REPO / 'tests' / 'fake_sglang'}:{REPO}"

@@ -23,7 +23,7 @@ from textual.containers import Horizontal, Vertical
 from textual.widgets import DataTable, Footer, Header, HelpPanel, RichLog, Static
 
 from console import render
-from console.client import RECONNECT_BACKOFF_S, AgentClient, AgentError
+from console.client import PAST_END, RECONNECT_BACKOFF_S, AgentClient, AgentError
 from console.transport import Transport, TransportError
 from console.tui.chart import LineChart
 from console.tui.commands import RunCommands
@@ -34,7 +34,6 @@ from themes import register_themes
 POLL_S = 2.0
 FLASH_S = 6.0  # how long a passing message stays
 LOG_TAIL_LINES = 200
-PAST_END = 1 << 62
 PROGRESS_CHARS = 200
 MAX_PARTIAL = 64 * 1024  # a line without an end is kept to this length
 KILL_GRACE_S = 10.0
