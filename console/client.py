@@ -18,6 +18,7 @@ from typing import Any
 from backends import protocol
 from console.transport import Transport, TransportError
 
+RECONNECT_BACKOFF_S = (1.0, 2.0, 4.0, 8.0, 15.0, 30.0)  # seconds between tries to reach a lost agent
 # An offset past any file's end: subscribe to a stream from now on, skipping what it already holds.
 PAST_END = 1 << 62
 
@@ -104,6 +105,20 @@ class AgentClient:
         self.closed_reason = None
         return await self.start()
 
+    async def reconnect_until_back(self, on_failure: Callable[[TransportError], None]) -> dict[str, Any]:
+        """`reconnect`, tried at once and then again with backoff while the failure is transient (each one
+        told to `on_failure`); a failure that retrying cannot help (a refused host key) is raised."""
+        attempt = 0
+        while True:
+            try:
+                return await self.reconnect()
+            except TransportError as exc:
+                if not exc.transient:
+                    raise
+                on_failure(exc)
+            await asyncio.sleep(RECONNECT_BACKOFF_S[min(attempt, len(RECONNECT_BACKOFF_S) - 1)])
+            attempt += 1
+
     async def request(self, op: str, **args: Any) -> Any:
         if self.closed_reason is not None:
             raise TransportError(self.closed_reason)  # nobody is left to answer
@@ -167,9 +182,6 @@ class AgentClient:
             future.set_exception(AgentError(str(error.get("code")), str(error.get("message")), error.get("details")))
 
 
-RECONNECT_BACKOFF_S = (1.0, 2.0, 4.0, 8.0, 15.0, 30.0)
-
-
 async def follow(
     client: AgentClient, run: str, offsets: dict[str, int], notify: Callable[[str], None]
 ) -> AsyncIterator[dict[str, Any]]:
@@ -189,12 +201,5 @@ async def follow(
         offsets = dict(sub.offsets)
         notify(f"connection lost ({client.closed_reason or 'the stream stopped'}); reconnecting")
         lost = time.monotonic()
-        for attempt in itertools.count():
-            await asyncio.sleep(RECONNECT_BACKOFF_S[min(attempt, len(RECONNECT_BACKOFF_S) - 1)])
-            try:
-                await client.reconnect()
-                break
-            except TransportError as exc:
-                if not exc.transient:
-                    raise
+        await client.reconnect_until_back(lambda _exc: None)
         notify(f"reconnected after {time.monotonic() - lost:.0f} s; resuming where the stream stopped")

@@ -23,7 +23,7 @@ from textual.containers import Horizontal, Vertical
 from textual.widgets import DataTable, Footer, Header, HelpPanel, RichLog, Static
 
 from console import render
-from console.client import PAST_END, RECONNECT_BACKOFF_S, AgentClient, AgentError
+from console.client import PAST_END, AgentClient, AgentError
 from console.transport import Transport, TransportError
 from console.tui.chart import LineChart
 from console.tui.commands import RunCommands
@@ -120,27 +120,23 @@ class ConsoleApp(App[None]):
             await asyncio.sleep(POLL_S)
 
     async def connect(self) -> None:
-        for attempt in range(1_000_000):
-            try:
-                await (self.client.reconnect() if attempt or self.client.closed_reason else self.client.start())
-            except TransportError as exc:
-                if not exc.transient:
-                    # Retrying cannot help (a refused host key or key): leave with the reason, as the CLI does.
-                    self.exit(return_code=1, message=f"eagle3-console: {exc}")
-                    await asyncio.Event().wait()  # the app is closing; this worker goes with it
-                self.banner(f"cannot reach the host: {exc}; retrying")
-                await asyncio.sleep(RECONNECT_BACKOFF_S[min(attempt, len(RECONNECT_BACKOFF_S) - 1)])
-                continue
-            self.generation += 1
-            self.connected.set()
-            if self.lost is None:
-                self.banner(None)
-                return
-            since, why = self.lost
-            self.lost = None
-            self.banner(f"link restored after {time.monotonic() - since:.0f} s (it was lost: {why})")
-            self.set_timer(FLASH_S, lambda: self.banner(None) if self.lost is None else None)
+        def retrying(exc: TransportError) -> None:
+            self.banner(f"cannot reach the host: {exc}; retrying")
+
+        try:
+            await self.client.reconnect_until_back(retrying)
+        except TransportError as exc:  # retrying cannot help (a refused host key or key): leave, as the CLI does
+            self.exit(return_code=1, message=f"eagle3-console: {exc}")
+            await asyncio.Event().wait()  # the app is closing; this worker goes with it
+        self.generation += 1
+        self.connected.set()
+        if self.lost is None:
+            self.banner(None)
             return
+        since, why = self.lost
+        self.lost = None
+        self.banner(f"link restored after {time.monotonic() - since:.0f} s (it was lost: {why})")
+        self.set_timer(FLASH_S, lambda: self.banner(None) if self.lost is None else None)
 
     def banner(self, text: str | None) -> None:
         link = self.query_one("#link", Static)
