@@ -25,6 +25,7 @@ class Failure:
 
     code: str
     pattern: re.Pattern[str]
+    words: tuple[str, ...]  # a line the pattern matches holds one of these (the cheap test before the pattern)
     meaning: str
     hint: str
 
@@ -33,6 +34,7 @@ FAILURES: tuple[Failure, ...] = (
     Failure(
         "cuda-graph-capture",
         re.compile(r"Capture cuda graph failed"),
+        ("Capture cuda graph failed",),
         "SGLang could not capture its CUDA graphs (usually out of memory while capturing)",
         "lower --mem-fraction-static, or the graph batch size (--cuda-graph-max-bs on 0.5.5, "
         "--cuda-graph-max-bs-decode on 0.5.23), or relaunch with --disable-cuda-graph",
@@ -40,12 +42,14 @@ FAILURES: tuple[Failure, ...] = (
     Failure(
         "cuda-oom",
         re.compile(r"CUDA out of memory|torch\.OutOfMemoryError"),
+        ("CUDA out of memory", "OutOfMemoryError"),
         "a GPU ran out of memory",
         "lower --mem-fraction-static or the batch size; `free-gpus --dry-run` shows stray processes holding memory",
     ),
     Failure(
         "nccl-timeout",
         re.compile(r"Watchdog caught collective operation timeout: WorkNCCL\(SeqNum=(\d+), OpType=(\w+)"),
+        ("WorkNCCL",),
         "an NCCL collective never completed: one rank stopped taking part (hung, crashed or far behind)",
         "compare the ranks' stacks (stacks/ in the run folder); relaunch with NCCL_DEBUG=INFO, "
         "--disable-custom-all-reduce, or NCCL_ALGO=Tree",
@@ -53,6 +57,7 @@ FAILURES: tuple[Failure, ...] = (
     Failure(
         "scheduler-watchdog",
         re.compile(r"Scheduler watchdog timeout|Watchdog timeout \(self\.watchdog_timeout="),
+        ("Scheduler watchdog timeout", "Watchdog timeout ("),
         "a batch ran longer than --watchdog-timeout, so SGLang killed the server",
         "a hung kernel or collective is the usual cause: relaunch with --disable-cuda-graph or "
         "--disable-custom-all-reduce; raise --watchdog-timeout only for truly slow batches",
@@ -60,42 +65,49 @@ FAILURES: tuple[Failure, ...] = (
     Failure(
         "scheduler-died",
         re.compile(r"Rank \d+ scheduler (?:is dead|died during initialization)|Subprocess \S+ \(pid=\d+\) crashed"),
+        ("scheduler is dead", "scheduler died during initialization", "Subprocess "),
         "a scheduler process died",
         "its own error is earlier in the log; exit code -9 usually means the OS OOM killer (host memory)",
     ),
     Failure(
         "scheduler-exception",
         re.compile(r"Scheduler hit an exception"),
+        ("Scheduler hit an exception",),
         "a scheduler process raised an exception and the server is shutting down",
         "the traceback that follows in the log says where",
     ),
     Failure(
         "no-aux-capture",
         re.compile(r"does not implement set_eagle3_layers_to_capture"),
+        ("set_eagle3_layers_to_capture",),
         "this SGLang cannot capture the target's aux layers, which an EAGLE-3 draft needs",
         "use an SGLang release whose target class has set_eagle3_layers_to_capture (doctor lists them)",
     ),
     Failure(
         "context-length",
         re.compile(r"context_length \(\d+\) is greater than the derived context_length \(\d+\)"),
+        ("is greater than the derived context_length",),
         "the target's context is longer than the draft's max_position_embeddings allows",
         "set SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1, or give the draft a longer max_position_embeddings",
     ),
     Failure(
         "port-in-use",
         re.compile(r"\[Errno 98\] Address already in use"),
+        ("Address already in use",),
         "the server's port is taken by another process",
         "choose another --port, or find the other server with `status` and stop it",
     ),
     Failure(
         "warmup-failed",
         re.compile(r"Initialization failed\. warmup error"),
+        ("warmup error",),
         "the server loaded but its first request failed",
         "the error after 'warmup error:' says why; --skip-server-warmup only hides it",
     ),
     Failure(
         "health-check-failed",
         re.compile(r"Health check failed\. Server couldn't get a response"),
+        ("Health check failed",),
         "the server stopped answering its own health check (no token in 20 s)",
         "the scheduler is hung or overloaded: look at its stack (stacks/), or raise SGLANG_HEALTH_CHECK_TIMEOUT",
     ),
@@ -106,17 +118,46 @@ FAILURES: tuple[Failure, ...] = (
 class Phase:
     name: str
     pattern: re.Pattern[str]
+    words: tuple[str, ...]  # as for Failure
 
 
 # In startup order; a line matching a later entry moves the run to that phase.
 PHASES: tuple[Phase, ...] = (
-    Phase("init", re.compile(r"^(?:Init torch distributed begin|Init parallel begin)")),
-    Phase("load-weights", re.compile(r"^Load weight begin")),
-    Phase("memory-pool", re.compile(r"^(?:Load weight end|KV Cache is allocated|Memory pool end)")),
-    Phase("cuda-graph", re.compile(r"^Capture (?:cuda graph|target verify CUDA graph) begin")),
-    Phase("draft-cuda-graph", re.compile(r"^Capture draft (?:decode |extend )?(?:cuda|CUDA) graph begin")),
-    Phase("http", re.compile(r"Uvicorn running on")),
-    Phase("ready", re.compile(r"^The server is fired up and ready to roll")),
+    Phase(
+        "init",
+        re.compile(r"^(?:Init torch distributed begin|Init parallel begin)"),
+        ("Init torch distributed begin", "Init parallel begin"),
+    ),
+    Phase(
+        "load-weights",
+        re.compile(r"^Load weight begin"),
+        ("Load weight begin",),
+    ),
+    Phase(
+        "memory-pool",
+        re.compile(r"^(?:Load weight end|KV Cache is allocated|Memory pool end)"),
+        ("Load weight end", "KV Cache is allocated", "Memory pool end"),
+    ),
+    Phase(
+        "cuda-graph",
+        re.compile(r"^Capture (?:cuda graph|target verify CUDA graph) begin"),
+        ("Capture cuda graph begin", "Capture target verify CUDA graph begin"),
+    ),
+    Phase(
+        "draft-cuda-graph",
+        re.compile(r"^Capture draft (?:decode |extend )?(?:cuda|CUDA) graph begin"),
+        ("Capture draft ",),
+    ),
+    Phase(
+        "http",
+        re.compile(r"Uvicorn running on"),
+        ("Uvicorn running on",),
+    ),
+    Phase(
+        "ready",
+        re.compile(r"^The server is fired up and ready to roll"),
+        ("The server is fired up and ready to roll",),
+    ),
 )
 _DRAFT_TYPE = re.compile(r"type=\w*Eagle3\w*")
 # SGLang's decode line: `Decode batch, #running-req: N, ... accept len: X.XX, ... gen throughput (token/s): Y,
@@ -129,13 +170,16 @@ DECODE_FIGURES = {
     "queue_req": re.compile(r"#queue-req: (\d+)"),
     "token_usage": re.compile(r"token usage: ([\d.]+)"),
 }
-# Words every line that matters holds (checked as substrings: most lines, decode stats and user prints,
-# hold none, and a substring test is many times cheaper than the patterns).
+# tqdm's bar (`45%|###`) and SGLang's own (`45% Completed | 29/64`): where a phase's progress is read.
+PROGRESS_WORDS = ("%|", "Completed |")
+# A line holding none of these words cannot matter (most lines: decode stats, user prints); a substring
+# test is many times cheaper than the patterns.
 _KEYWORDS = (
-    "%|", "Completed |", "Capture", "out of memory", "OutOfMemory", "NCCL", "atchdog", "cheduler", "Subprocess",
-    "set_eagle3", "context_length", "Errno 98", "warmup error", "Health check", "Init ", "Load weight",
-    "KV Cache", "Memory pool", "Uvicorn", "fired up", DECODE_LINE,
-)  # fmt: skip
+    *PROGRESS_WORDS,
+    DECODE_LINE,
+    *(word for failure in FAILURES for word in failure.words),
+    *(word for phase in PHASES for word in phase.words),
+)
 _LINE_END = re.compile(r"[\r\n]")
 
 
