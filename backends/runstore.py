@@ -268,7 +268,7 @@ class RunDir:
             "id": self.id,
             "name": spec.name,
             "kind": spec.kind,
-            "state": self.state(),
+            "state": derive_state(self, watch),
             "phase": watch.get("phase"),
             "pid": child.pid if child else None,
             "argv": mask_argv(spec.argv),
@@ -291,8 +291,8 @@ def _killed_by_us(run: RunDir) -> bool:
     return any(e.get("type") == "signal" for e in run.events())
 
 
-def derive_state(run: RunDir) -> str:
-    """The run's state from its files and a liveness check of its processes."""
+def derive_state(run: RunDir, watch: dict[str, Any] | None = None) -> str:
+    """The run's state from its files and a liveness check of its processes (`watch`: watch.json, if read)."""
     ended = run.exit()
     if ended is not None:
         if ended.get("error"):
@@ -305,7 +305,7 @@ def derive_state(run: RunDir) -> str:
     supervisor = procinfo.ProcIdentity.from_json(proc.get("supervisor"))
     if child is not None and procinfo.is_alive(child):
         # ready and stalled are the watch's verdicts; without its supervisor nobody keeps them current.
-        watched = run.watch().get("state")
+        watched = (run.watch() if watch is None else watch).get("state")
         alive = supervisor is not None and procinfo.is_alive(supervisor)
         return watched if alive and watched in ("ready", "stalled") else "running"
     if supervisor is not None and procinfo.is_alive(supervisor):

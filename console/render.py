@@ -64,17 +64,22 @@ def runs_table(runs: list[dict[str, Any]]) -> str:
     return table(["RUN", "NAME", "KIND", "STATE", "PHASE", "PID", "EXIT", "STARTED", "COMMAND"], rows)
 
 
+def stall_text(run: dict[str, Any]) -> str:
+    """A stalled run's stall: where, since when, and where its stacks are."""
+    dumps = run.get("stack_dumps") or []
+    where = f" in {run['phase']}" if run.get("phase") else ""
+    return (
+        f"stalled{where} since {clock(run.get('stalled_since'))}: output silent, processes and GPUs idle; "
+        f"stacks: runs/{run['id']}/{dumps[-1] if dumps else '(none)'}"
+    )
+
+
 def run_notes(runs: list[dict[str, Any]]) -> list[str]:
     """What a person must see about a run beyond its row: a stall and its stacks, failures explained."""
     notes: list[str] = []
     for r in runs:
         if r["state"] == "stalled":
-            dumps = r.get("stack_dumps") or []
-            where = f" in {r['phase']}" if r.get("phase") else ""
-            notes.append(
-                f"run {r['id']} stalled{where} since {clock(r.get('stalled_since'))}: output silent, processes and "
-                f"GPUs idle; stacks: runs/{r['id']}/{dumps[-1] if dumps else '(none)'}"
-            )
+            notes.append(f"run {r['id']} {stall_text(r)}")
         for d in r.get("diagnoses") or []:
             notes.append(f"run {r['id']}: {d['code']}: {d['meaning']}; try: {d['hint']}")
     return notes

@@ -8,7 +8,7 @@ from typing import Any
 from rich.text import Text
 from textual.widgets import DataTable, Static
 
-from console.render import clock, exit_text
+from console.render import exit_text, stall_text
 
 # A state is shown by its word and a colour together (never by colour alone).
 STATE_STYLES = {
@@ -108,12 +108,7 @@ class RunDetail(Static):
         text.append_text(state_text(run["state"]))
         text.append(f"\nphase {run.get('phase') or '-'}  health {run.get('health') or '-'}\n")
         if run["state"] == "stalled":
-            dumps = run.get("stack_dumps") or []
-            text.append(
-                f"stalled since {clock(run.get('stalled_since'))}: output silent, processes and GPUs idle; "
-                f"stacks in runs/{run['id']}/{dumps[-1] if dumps else '(none)'}\n",
-                style="bold yellow",
-            )
+            text.append(stall_text(run) + "\n", style="bold yellow")
         for diagnosis in run.get("diagnoses") or []:
             text.append(f"{diagnosis['code']}: {diagnosis['meaning']}\n", style="bold red")
             text.append(f"  try: {diagnosis['hint']}\n")
