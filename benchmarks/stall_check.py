@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from backends.runstore import RunDir
 from benchmarks._common import print_table
 
 HUNG = (
@@ -66,8 +67,8 @@ def runs(workdir: Path) -> dict[str, dict[str, Any]]:
 
 def last_live_state(workdir: Path, run_id: str) -> str:
     """The run's last state before our kill (from its events)."""
-    lines = (workdir / "runs" / run_id / "events.jsonl").read_text().splitlines()
-    states = [e["state"] for e in map(json.loads, lines) if e["type"] == "state" and e["state"] != "killed"]
+    events = RunDir(workdir / "runs" / run_id).events()
+    states = [e["state"] for e in events if e["type"] == "state" and e["state"] != "killed"]
     return str(states[-1]) if states else "?"
 
 
@@ -100,7 +101,7 @@ def main() -> int:
     hung_dir = workdir / "runs" / ids["hung"]
     output = (hung_dir / "output.log").read_text()
     last_output = float(output.split("last output at ")[1].split()[0])
-    events = [json.loads(line) for line in (hung_dir / "events.jsonl").read_text().splitlines()]
+    events = RunDir(hung_dir).events()
     stalled = next((e for e in events if e["type"] == "stalled"), None)
     dumps = final["hung"]["stack_dumps"] or []
     stack = (hung_dir / dumps[0]).read_text() if dumps else ""

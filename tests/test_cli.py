@@ -7,7 +7,7 @@ import os
 import sys
 from pathlib import Path
 
-from backends.runstore import RunStore
+from backends.runstore import RunDir, RunStore
 from tests.conftest import CLI, Spawn, launch, run_info, status, wait_for, wait_state
 
 PRINTER = (
@@ -203,7 +203,7 @@ def test_kill_escalates_to_sigkill_after_grace(cli: CLI, workdir: Path) -> None:
     assert report["processes"][0]["died"]
     info = run_info(cli, run_id)
     assert info["state"] == "killed" and info["signal"] == "KILL"
-    events = [json.loads(line) for line in (workdir / "runs" / run_id / "events.jsonl").read_text().splitlines()]
+    events = RunDir(workdir / "runs" / run_id).events()
     assert [e["signal"] for e in events if e["type"] == "signal"] == ["TERM", "KILL"]
 
 

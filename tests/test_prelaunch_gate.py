@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from backends.runstore import RunDir
 from console.client import AgentClient, AgentError
 from tests.conftest import CLI
 from tests.draft_fixtures import HIDDEN, good_draft, write_target
@@ -46,7 +47,7 @@ def test_force_launches_anyway_and_records_the_findings(cli: CLI, workdir: Path,
     result = cli("launch", "serve", "--force", "--", *serve_argv(draft, target))
     assert result.returncode == 0, result.stderr
     run_id = result.stdout.decode().strip()
-    events = [json.loads(line) for line in (workdir / "runs" / run_id / "events.jsonl").read_text().splitlines()]
+    events = RunDir(workdir / "runs" / run_id).events()
     doctor = next(e for e in events if e["type"] == "doctor")
     assert doctor["errors"] >= 1 and any(f["code"] == "fc-width" for f in doctor["findings"])
     cli("kill", run_id, "--grace", "1")

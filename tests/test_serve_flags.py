@@ -17,6 +17,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from backends import serve_flags
+from backends.runstore import RunDir
 from console.client import AgentClient
 from tests.conftest import CLI
 
@@ -90,7 +91,7 @@ def test_a_launch_with_a_flag_sglang_refuses_starts_nothing_unless_forced(cli: C
     assert forced.returncode == 0, forced.stderr
     assert b"error: SGLang's argument parser refuses" in forced.stderr
     run_id = forced.stdout.decode().strip()
-    events = [json.loads(line) for line in (workdir / "runs" / run_id / "events.jsonl").read_text().splitlines()]
+    events = RunDir(workdir / "runs" / run_id).events()
     assert any(e["type"] == "flags" and e["code"] == "launch-flags" for e in events)
     cli("kill", run_id, "--grace", "1")
 

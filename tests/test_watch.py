@@ -17,7 +17,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from backends import sglang_log, watch
-from backends.runstore import RunSpec
+from backends.runstore import RunDir, RunSpec
 from tests.conftest import CLI, free_port, launch, run_info, wait_for, wait_state
 from tests.fake_nvml import gpu, write_state
 
@@ -133,8 +133,7 @@ def serve(cli: CLI, *standin: str, stall_after: str = "2") -> tuple[str, int]:
 
 
 def events(workdir: Path, run_id: str) -> list[dict[str, Any]]:
-    lines = (workdir / "runs" / run_id / "events.jsonl").read_text().splitlines()
-    return [json.loads(line) for line in lines]
+    return RunDir(workdir / "runs" / run_id).events()
 
 
 def test_a_launch_that_hangs_while_loading_is_stalled_in_that_phase_with_every_stack_dumped(
