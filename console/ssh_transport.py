@@ -119,11 +119,12 @@ class SSHTransport(Transport):
             agent_dir = f"{root}/agent/{version}"
             if not await sftp.exists(f"{agent_dir}/backends/__init__.py"):
                 staging = f"{root}/agent/.upload-{uuid.uuid4().hex[:8]}"
-                await sftp.makedirs(staging, exist_ok=True)
-                for path in backends_files():
-                    remote = f"{staging}/backends/{path.relative_to(BACKENDS).as_posix()}"
-                    await sftp.makedirs(remote.rsplit("/", 1)[0], exist_ok=True)
-                    await sftp.put(str(path), remote)
+                files = backends_files()
+                # One round trip per folder, not per file.
+                for folder in sorted({path.parent.relative_to(BACKENDS).as_posix() for path in files}):
+                    await sftp.makedirs(f"{staging}/backends/{folder}".removesuffix("/."), exist_ok=True)
+                for path in files:
+                    await sftp.put(str(path), f"{staging}/backends/{path.relative_to(BACKENDS).as_posix()}")
                 try:
                     await sftp.rename(staging, agent_dir)
                 except asyncssh.SFTPError:
