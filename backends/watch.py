@@ -167,7 +167,7 @@ class RunWatcher:
         if self._read_output():
             self.last_output = now
             if self.watch.state == "stalled":
-                self._resume(now, "output")
+                self._resume("output")
         if self.url is not None and now - self.last_health >= HEALTH_EVERY_S:
             self.last_health = now
             self._health(now)
@@ -233,7 +233,7 @@ class RunWatcher:
             self.samples.popleft()
         if self.watch.state == "stalled":
             if len(self.samples) >= 2 and not self._idle([self.samples[-2], sample]):
-                self._resume(now, "activity")
+                self._resume("activity")
             return
         silent = now - self.last_output
         window = list(self.samples)
@@ -272,12 +272,11 @@ class RunWatcher:
         self.run.append_event("stacks", file=f"{STACKS}/{dump.name}", pids=sorted(members))
         self._save()
 
-    def _resume(self, now: float, why: str) -> None:
+    def _resume(self, why: str) -> None:
         since = self.watch.stalled_since
         self.run.append_event("resumed", by=why, stalled_s=round(time.time() - since, 1) if since else None)
         self.watch.stalled_since = None
         self.samples.clear()
-        self.last_output = now if why == "output" else self.last_output
         self._set_state("ready" if self.watch.health == "ok" else "running")
 
     def _set_state(self, state: str) -> None:

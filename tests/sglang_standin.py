@@ -40,10 +40,9 @@ def hang_forever() -> None:
         time.sleep(3600)
 
 
-def scheduler(hang: bool) -> None:
-    if hang:
-        hang_forever()
-    time.sleep(3600)
+def scheduler() -> None:
+    """SGLang's scheduler subprocess: here it only waits, as the server does between requests."""
+    hang_forever()
 
 
 class Health(http.server.BaseHTTPRequestHandler):
@@ -103,7 +102,7 @@ def main() -> int:
     parser.add_argument("--decode-lines", type=int, default=0, help="decode log lines to print once ready")
     args, _sglang_flags = parser.parse_known_args()  # a real server command line carries many more flags
     hang = args.hang_in
-    worker = multiprocessing.get_context("spawn").Process(target=scheduler, args=(hang is not None,), daemon=True)
+    worker = multiprocessing.get_context("spawn").Process(target=scheduler, daemon=True)
     worker.start()
     say("Init parallel begin.")
     if hang == "init":
