@@ -39,3 +39,13 @@ def mask_argv(argv: list[str]) -> list[str]:
             masked.append(arg)
             hide_next = arg.startswith("--") and _is_secret_flag(arg)
     return masked
+
+
+def mask_text(text: str, argv: list[str]) -> str:
+    """`text` (a message that may quote `argv`, like argparse's) with every secret value of `argv` masked."""
+    for arg, masked in zip(argv, mask_argv(argv), strict=True):
+        if arg != masked:
+            secret = arg.partition("=")[2] if "=" in masked else arg
+            if secret:
+                text = text.replace(secret, MASK)
+    return text

@@ -16,6 +16,7 @@ import subprocess
 from collections.abc import Mapping
 from pathlib import Path
 
+from backends.masking import mask_text
 from backends.protocol import Finding
 from backends.sglang_facts import SERVER_MODULES
 
@@ -88,7 +89,8 @@ def check(argv: list[str], env: Mapping[str, str] | None = None, cwd: str | None
         return Finding(
             code="launch-flags",
             severity="error",
-            message=f"SGLang's argument parser refuses this command line: {verdict['refused']}",
+            # argparse quotes the words it refuses, secret values among them.
+            message=f"SGLang's argument parser refuses this command line: {mask_text(verdict['refused'], argv)}",
             fix="correct the flag (SGLang would exit at once); launch with --force to start anyway",
         )
     if verdict.get("ok"):

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from backends.masking import MASK, is_secret_name, mask_argv, mask_env
+from backends.masking import MASK, is_secret_name, mask_argv, mask_env, mask_text
 
 
 @pytest.mark.parametrize(
@@ -156,3 +156,16 @@ def test_a_secret_flag_followed_by_another_flag_hides_nothing_else() -> None:
 def test_env_style_assignments_and_joined_words_are_masked() -> None:
     argv = ["env", "HF_TOKEN=hf_abc", "python", "serve.py", "--apikey", "sk-1", "--tokenizer-path", "t"]
     assert mask_argv(argv) == ["env", "HF_TOKEN=***", "python", "serve.py", "--apikey", "***", "--tokenizer-path", "t"]
+
+
+def test_a_message_quoting_the_command_line_shows_no_secret_value() -> None:
+    argv = ["python", "-m", "sglang.launch_server", "--my-api-key", "sk-123", "--hf-token=hf_abc", "--port", "8"]
+    text = "unrecognized arguments: --my-api-key sk-123 --hf-token=hf_abc --port 8"
+    assert mask_text(text, argv) == f"unrecognized arguments: --my-api-key {MASK} --hf-token={MASK} --port 8"
+    assert mask_text("nothing secret here", argv) == "nothing secret here"
+
+
+@given(st.text(alphabet="abcdefghijkXYZ0123456789_-", min_size=4, max_size=20))
+def test_no_secret_value_survives_in_a_message_that_quotes_it(value: str) -> None:
+    argv = ["serve", "--api-key", value, f"--hf-token={value}x"]
+    assert value not in mask_text(f"bad: {' '.join(argv)}", argv)

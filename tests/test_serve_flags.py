@@ -128,3 +128,11 @@ def test_a_dry_run_relaunch_shows_the_new_command_and_its_checks_and_stops_nothi
     assert f"would stop run {parent} and start:" in text and "--model-path /nowhere --disable-cuda-graph" in text
     assert "SGLang's parser: accepted" in text
     assert runs(workdir) == [parent]  # nothing started
+
+
+@needs_parser
+def test_the_parsers_refusal_shows_no_secret_value() -> None:
+    env = {"PYTHONPATH": str(PARSER_PATH)}
+    finding = serve_flags.check([*SERVER, "--model-path", "m", "--my-api-key", "sk-live-123"], env)
+    assert finding is not None and finding["code"] == "launch-flags"
+    assert "sk-live-123" not in finding["message"] and "--my-api-key ***" in finding["message"]
