@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 SECRET_MARKERS = ("TOKEN", "KEY", "SECRET", "PASSWORD")
 MASK = "***"
 
@@ -22,6 +24,11 @@ def _is_secret_flag(flag: str) -> bool:
     return any(last.endswith(marker) for marker in SECRET_MARKERS)
 
 
+# What follows a secret flag is its value unless it is shaped like the next option
+# ("--port", "--port=80"); "--", "--00" or "-x" may well be the secret itself.
+_OPTION = re.compile(r"--[A-Za-z][\w-]*(=.*)?", re.DOTALL)
+
+
 def mask_argv(argv: list[str]) -> list[str]:
     """argv with the values of secret-named flags and NAME=value pairs masked
     (`--api-key X`, `--hf-token=X`, `env HF_TOKEN=X ...`, `docker -e HF_TOKEN=X`)."""
@@ -29,7 +36,7 @@ def mask_argv(argv: list[str]) -> list[str]:
     hide_next = False
     for arg in argv:
         name, sep, _ = arg.partition("=")
-        if hide_next and not arg.startswith("--"):
+        if hide_next and not _OPTION.fullmatch(arg):
             masked.append(MASK)
             hide_next = False
         elif sep and (_is_secret_flag(name) if name.startswith("-") else is_secret_name(name)):

@@ -13,11 +13,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import settings
 
 from console.client import AgentClient
 from console.transport import LocalTransport
 
 REPO = Path(__file__).resolve().parent.parent
+
+# CI gets one try per change, so property tests there draw the same examples every run;
+# `HYPOTHESIS_PROFILE=explore make test` draws fresh ones, to look for new failures.
+settings.register_profile("ci", derandomize=True)
+settings.register_profile("explore", derandomize=False)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
 @pytest.fixture

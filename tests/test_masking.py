@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from backends.masking import MASK, is_secret_name, mask_argv, mask_env, mask_text
@@ -145,12 +147,17 @@ def test_mask_argv_only_ever_replaces_values(argv: list[str]) -> None:
         # A value right after a secret flag is hidden (unless that flag was itself a hidden
         # value, or what follows is the next flag rather than a value).
         secret_flag = arg in ("--api-key", "--hf-token", "--password", "--secret") and masked[i] == arg
-        if secret_flag and not argv[i + 1].startswith("--"):
+        if secret_flag and not re.fullmatch(r"--[A-Za-z][\w-]*(=.*)?", argv[i + 1], re.DOTALL):
             assert masked[i + 1] == MASK
 
 
 def test_a_secret_flag_followed_by_another_flag_hides_nothing_else() -> None:
     assert mask_argv(["serve", "--api-key", "--port", "80"]) == ["serve", "--api-key", "--port", "80"]
+
+
+@pytest.mark.parametrize("value", ["--00", "--", "-x", "--=x"])
+def test_a_secret_that_starts_with_dashes_is_still_hidden(value: str) -> None:
+    assert mask_argv(["serve", "--api-key", value, "--port", "80"]) == ["serve", "--api-key", MASK, "--port", "80"]
 
 
 def test_env_style_assignments_and_joined_words_are_masked() -> None:
@@ -167,5 +174,6 @@ def test_a_message_quoting_the_command_line_shows_no_secret_value() -> None:
 
 @given(st.text(alphabet="abcdefghijkXYZ0123456789_-", min_size=4, max_size=20))
 def test_no_secret_value_survives_in_a_message_that_quotes_it(value: str) -> None:
+    assume(not re.match(r"--[A-Za-z]", value))  # that would read as the next option, not a value
     argv = ["serve", "--api-key", value, f"--hf-token={value}x"]
     assert value not in mask_text(f"bad: {' '.join(argv)}", argv)
