@@ -30,6 +30,7 @@ SMI_GPU_FIELDS: tuple[str, ...] = (
     "uuid",
     "name",
     "utilization.gpu",
+    "utilization.memory",
     "memory.used",
     "memory.total",
     "temperature.gpu",
@@ -70,6 +71,7 @@ def _empty_gpu(index: int) -> GpuInfo:
         "index": index,
         "name": None,
         "util": None,
+        "mem_util": None,
         "mem_used_mib": None,
         "mem_total_mib": None,
         "temp_c": None,
@@ -128,11 +130,12 @@ def parse_smi_gpus(text: str) -> tuple[list[SmiGpu], list[str]]:
             rejected.append(line)
             continue
         # A name may itself hold a comma; the fields around it are fixed.
-        util, used, total, temp, power = fields[-numeric:]
+        util, mem_util, used, total, temp, power = fields[-numeric:]
         info: GpuInfo = {
             "index": index,
             "name": smi_text(",".join(fields[2:-numeric])),
             "util": smi_int(util),
+            "mem_util": smi_int(mem_util),
             "mem_used_mib": smi_int(used),
             "mem_total_mib": smi_int(total),
             "temp_c": smi_int(temp),
@@ -259,10 +262,12 @@ class GpuSampler:
         if memory is None:
             memory = _nvml(lambda: nvml.nvmlDeviceGetMemoryInfo(handle))
         power_mw = _as_int(_nvml(lambda: nvml.nvmlDeviceGetPowerUsage(handle)))
+        rates = _nvml(lambda: nvml.nvmlDeviceGetUtilizationRates(handle))
         info: GpuInfo = {
             "index": index,
             "name": _as_text(_nvml(lambda: nvml.nvmlDeviceGetName(handle))),
-            "util": _as_int(_nvml(lambda: nvml.nvmlDeviceGetUtilizationRates(handle).gpu)),
+            "util": _as_int(getattr(rates, "gpu", None)),
+            "mem_util": _as_int(getattr(rates, "memory", None)),
             "mem_used_mib": _bytes_to_mib(getattr(memory, "used", None)),
             "mem_total_mib": _bytes_to_mib(getattr(memory, "total", None)),
             "temp_c": _as_int(_nvml(lambda: nvml.nvmlDeviceGetTemperature(handle, nvml.NVML_TEMPERATURE_GPU))),

@@ -55,6 +55,7 @@ class RunInfo(TypedDict):
     parent: str | None
     health: str | None
     stalled_since: float | None
+    stall_kind: str | None  # idle | spinning (GPUs held by kernels that do no work)
     stack_dumps: list[str] | None
     diagnoses: list[Diagnosis]
 
@@ -71,7 +72,8 @@ class GpuInfo(TypedDict):
 
     index: int
     name: str | None
-    util: int | None
+    util: int | None  # % of time a kernel ran
+    mem_util: int | None  # % of time device memory was read or written
     mem_used_mib: int | None
     mem_total_mib: int | None
     temp_c: int | None

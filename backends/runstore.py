@@ -282,6 +282,7 @@ class RunDir:
             "parent": spec.parent,
             "health": watch.get("health"),
             "stalled_since": watch.get("stalled_since"),
+            "stall_kind": watch.get("stall_kind"),
             "stack_dumps": [f"{STACKS}/{name}" for name in dumps] if isinstance(dumps, list) and dumps else None,
             "diagnoses": watch.get("diagnoses") or [],
         }

@@ -5,7 +5,9 @@ decode figures as metric rows: accept length, throughput; `sglang_log`), polls
 the health URL of a serve run, and samples what the run's processes do (CPU
 time from /proc, GPU utilisation of the GPUs they hold). A run whose output has
 been silent for `stall_after` seconds while every one of its processes and GPUs
-sits idle is `stalled`: the stall is recorded with the phase it stopped in, and
+sits idle, or while its GPUs are held by a kernel that does no work (a rank
+spinning in an NCCL collective that waits for a peer), is `stalled`: the stall
+is recorded with the phase it stopped in and how it sits still, and
 every process's stack is dumped into `stacks/` at once (py-spy when it is
 installed, else what /proc tells). A healthy server (health 200, or SGLang's
 ready line when there is no URL) is `ready` and idle by right, so it is never
@@ -46,6 +48,11 @@ DEFAULT_STALL_AFTER_S = 30.0
 WATCHED_KINDS = ("serve", "extract", "train")  # stall-watched by default; `command` runs when asked
 IDLE_CPU_PERCENT = 5.0  # per process, over the silent window
 IDLE_GPU_PERCENT = 5
+# A kernel that never ends and does no work: on the H200 (benchmarks/spin_signature.py) a spin
+# reads 100% utilisation with 0% memory utilisation, where real work moves memory (bf16 matmuls
+# 23%, a copy 100%). Back-to-back tiny kernels read the same, so it also takes silent output.
+SPIN_GPU_PERCENT = 90
+SPIN_MEM_PERCENT = 1
 HEALTH_LOST_AFTER = 3  # failed polls in a row before a ready server is no longer ready
 STACK_TIMEOUT_S = 20.0
 CLOCK_TICKS = 100  # os.sysconf("SC_CLK_TCK") on Linux
@@ -88,13 +95,30 @@ def poll_health(url: str) -> str:
         return f"error: {exc}"
 
 
+@dataclass(frozen=True)
+class GpuLoad:
+    """What NVML says one GPU did over its last sampling period."""
+
+    util: int | None  # % of time a kernel ran
+    mem_util: int | None  # % of time memory was read or written
+
+    @property
+    def idle(self) -> bool:
+        return self.util is None or self.util < IDLE_GPU_PERCENT
+
+    @property
+    def spinning(self) -> bool:
+        """A kernel resident all the time that moves no memory: waiting, not working."""
+        return (self.util or 0) >= SPIN_GPU_PERCENT and self.mem_util is not None and self.mem_util <= SPIN_MEM_PERCENT
+
+
 @dataclass
 class Activity:
     """One sample of what the run's processes do."""
 
     at: float
     cpu_ticks: dict[int, int]  # pid -> user+system ticks so far
-    gpu_util: dict[int, int | None]  # GPU index -> utilisation, for GPUs holding a run process
+    gpus: dict[int, GpuLoad]  # GPU index -> its load, for GPUs holding a run process
 
 
 def busiest_cpu_percent(old: Activity, new: Activity) -> float:
@@ -102,6 +126,17 @@ def busiest_cpu_percent(old: Activity, new: Activity) -> float:
     seconds = max(new.at - old.at, 1e-6)
     deltas = [new.cpu_ticks[pid] - old.cpu_ticks.get(pid, 0) for pid in new.cpu_ticks]
     return 100.0 * max(deltas, default=0) / CLOCK_TICKS / seconds
+
+
+def sitting_still(samples: list[Activity]) -> str | None:
+    """How the run sat still across the samples: "idle" (no process used the CPU, no GPU of the
+    run was busy), "spinning" (its GPUs held by kernels that do no work, whatever the CPU does:
+    a host waiting on such a kernel spins too), or None when it worked."""
+    loads = [load for sample in samples for load in sample.gpus.values()]
+    if all(load.idle for load in loads) and busiest_cpu_percent(samples[0], samples[-1]) < IDLE_CPU_PERCENT:
+        return "idle"
+    spun = all(any(load.spinning for load in sample.gpus.values()) for sample in samples)
+    return "spinning" if spun and all(load.idle or load.spinning for load in loads) else None
 
 
 @dataclass
@@ -112,6 +147,7 @@ class Watch:
     phase: str | None = None
     health: str | None = None
     stalled_since: float | None = None
+    stall_kind: str | None = None  # idle | spinning
     stack_dumps: list[str] = field(default_factory=list)
     diagnoses: list[Diagnosis] = field(default_factory=list)
 
@@ -121,6 +157,7 @@ class Watch:
             "phase": self.phase,
             "health": self.health,
             "stalled_since": self.stalled_since,
+            "stall_kind": self.stall_kind,
             "stack_dumps": self.stack_dumps,
             "diagnoses": self.diagnoses,
         }
@@ -226,56 +263,56 @@ class RunWatcher:
     def _activity(self, now: float) -> None:
         stats = procinfo.live_stats()
         members = procinfo.run_processes(self.child, stats)
-        sample = Activity(now, {s.pid: s.cpu_ticks for s in stats if s.pid in members}, self._gpu_util(members))
+        sample = Activity(now, {s.pid: s.cpu_ticks for s in stats if s.pid in members}, self._gpu_loads(members))
         self.samples.append(sample)
         assert self.window is not None
         while len(self.samples) > 2 and self.samples[1].at <= now - self.window:
             self.samples.popleft()
         if self.watch.state == "stalled":
-            if len(self.samples) >= 2 and not self._idle([self.samples[-2], sample]):
+            if len(self.samples) >= 2 and sitting_still([self.samples[-2], sample]) is None:
                 self._resume("activity")
             return
         silent = now - self.last_output
         window = list(self.samples)
-        if silent >= self.window and now - window[0].at >= self.window * 0.8 and self._idle(window):
-            self._stalled(now, silent, busiest_cpu_percent(window[0], sample), sample, members)
+        if silent >= self.window and now - window[0].at >= self.window * 0.8:
+            kind = sitting_still(window)
+            if kind is not None:
+                self._stalled(kind, silent, busiest_cpu_percent(window[0], sample), sample, members)
 
-    @staticmethod
-    def _idle(samples: list[Activity]) -> bool:
-        """No process used the CPU across the samples, and no GPU of the run was busy in any of them."""
-        gpus_idle = all(u is None or u < IDLE_GPU_PERCENT for s in samples for u in s.gpu_util.values())
-        return gpus_idle and busiest_cpu_percent(samples[0], samples[-1]) < IDLE_CPU_PERCENT
-
-    def _gpu_util(self, members: dict[int, procinfo.ProcIdentity]) -> dict[int, int | None]:
+    def _gpu_loads(self, members: dict[int, procinfo.ProcIdentity]) -> dict[int, GpuLoad]:
         if self.sampler is None:
             return {}
         return {
-            gpu["index"]: gpu["util"]
+            gpu["index"]: GpuLoad(gpu["util"], gpu["mem_util"])
             for gpu in self.sampler.sample()
             if any(p["pid"] in members for p in gpu["processes"])
         }
 
     def _stalled(
-        self, now: float, silent: float, cpu: float, sample: Activity, members: dict[int, procinfo.ProcIdentity]
+        self, kind: str, silent: float, cpu: float, sample: Activity, members: dict[int, procinfo.ProcIdentity]
     ) -> None:
+        # The stacks come first, so that whoever sees `stalled` finds them already there.
+        dump = dump_stacks(self.run, sorted(members))
         self.watch.stalled_since = time.time() - silent
+        self.watch.stall_kind = kind
+        self.watch.stack_dumps.append(dump.name)
         self.run.append_event(
             "stalled",
+            kind=kind,
             phase=self.watch.phase,
             silent_s=round(silent, 1),
             cpu_percent=round(cpu, 1),
-            gpu_util={str(k): v for k, v in sample.gpu_util.items()},
+            gpu_util={str(k): v.util for k, v in sample.gpus.items()},
+            gpu_mem_util={str(k): v.mem_util for k, v in sample.gpus.items()},
         )
-        self._set_state("stalled")
-        dump = dump_stacks(self.run, sorted(members))
-        self.watch.stack_dumps.append(dump.name)
         self.run.append_event("stacks", file=f"{STACKS}/{dump.name}", pids=sorted(members))
-        self._save()
+        self._set_state("stalled")
 
     def _resume(self, why: str) -> None:
         since = self.watch.stalled_since
         self.run.append_event("resumed", by=why, stalled_s=round(time.time() - since, 1) if since else None)
         self.watch.stalled_since = None
+        self.watch.stall_kind = None
         self.samples.clear()
         self._set_state("ready" if self.watch.health == "ok" else "running")
 

@@ -2,16 +2,20 @@
 
     PYTHONPATH=. python3 -m benchmarks.stall_check [--stall-after 30]
 
-Three `train` runs, watched with real NVML (one GPU: `busy` runs after the others,
-since its GPU's activity would also count for `hung`):
+Four `train` runs, watched with real NVML (one GPU: `busy` and `spin` each run
+alone after the others, since their GPU's activity would also count for `hung`):
 1. hung: allocates 4.6 GB on GPU 0, prints a SGLang-like `Load weight begin`
    line, then sleeps holding its CUDA context (a launch that hangs silently);
 2. chatty, beside it: prints a progress bar every second, GPU idle;
-3. busy, afterwards: bf16 matmuls on GPU 0 for the whole check, printing nothing.
-Expected: only `hung` becomes `stalled`, about --stall-after seconds after its
-last line, in phase `load-weights`, with its stack dumped. Prints a table: the
-state each run ended the check in, when `hung` was called stalled (seconds
-after its last output line), and what its stack dump holds.
+3. busy, afterwards: bf16 matmuls on GPU 0 for the whole check, printing nothing;
+4. spin, last: after the same line, a kernel that spins for ever on one block
+   (`torch.cuda._sleep`), waited for by `torch.cuda.synchronize()`: a rank
+   stuck in a collective, its GPU 100% "utilised" and its host spinning.
+Expected: `hung` becomes `stalled` (idle) and `spin` `stalled` (spinning), each
+about --stall-after seconds after its last line, in phase `load-weights`, with
+its stack dumped; `busy` and `chatty` stay running. Prints a table: the state
+each run ended the check in, when each stall was called (seconds after the
+last output line), and what the stack dumps hold.
 """
 
 from __future__ import annotations
@@ -35,6 +39,14 @@ HUNG = (
     "print('[2026-11-29 07:00:01] Load weight begin. avail mem=139.52 GB', flush=True)\n"
     "print(f'last output at {time.time()}', flush=True)\n"
     "while True:\n    time.sleep(3600)\n"
+)
+SPIN = (
+    "import time, torch\n"
+    "torch.cuda.init()\n"
+    "print('[2026-11-29 07:00:01] Load weight begin. avail mem=139.52 GB', flush=True)\n"
+    "torch.cuda._sleep(2**60)\n"
+    "print(f'last output at {time.time()}', flush=True)\n"
+    "torch.cuda.synchronize()\n"
 )
 BUSY = (
     "import time, torch\n"
@@ -97,34 +109,50 @@ def main() -> int:
         console(workdir, "kill", run_id, "--grace", "2")
     ids["busy"] = launch(workdir, "busy", args.stall_after, BUSY.format(seconds=seconds))
     time.sleep(check_s)
-    final = runs(workdir)
-    hung_dir = workdir / "runs" / ids["hung"]
-    output = (hung_dir / "output.log").read_text()
-    last_output = float(output.split("last output at ")[1].split()[0])
-    events = RunDir(hung_dir).events()
-    stalled = next((e for e in events if e["type"] == "stalled"), None)
-    dumps = final["hung"]["stack_dumps"] or []
-    stack = (hung_dir / dumps[0]).read_text() if dumps else ""
     console(workdir, "kill", ids["busy"], "--grace", "2")
-    expected = {"hung": "stalled", "busy": "running", "chatty": "running"}
+    ids["spin"] = launch(workdir, "spin", args.stall_after, SPIN)
+    time.sleep(check_s)
+    console(workdir, "kill", ids["spin"], "--grace", "2")
+    final = runs(workdir)
+    last_output, stalled, stack = stall_facts(workdir, ids["hung"], final["hung"])
+    spin_output, spun, spin_stack = stall_facts(workdir, ids["spin"], final["spin"])
+    expected = {"hung": "stalled", "busy": "running", "chatty": "running", "spin": "stalled"}
     rows = [[name, expected[name], last_live_state(workdir, ids[name]), str(final[name]["phase"])] for name in ids]
     print(f"stall window {args.stall_after:.0f} s; GPU 0 utilisation seen during the check: {sorted(set(gpu_util))}")
     print_table(rows, ("run", "expected", "last state before the kill", "phase"))
     detected = stalled["t"] - last_output if stalled else float("nan")
     polled = stalled_seen - last_output if stalled_seen else float("nan")
+    spin_detected = spun["t"] - spin_output if spun else float("nan")
     print()
     print_table(
         [
-            ["stalled event, s after the last output line", f"{detected:.1f}", f"{args.stall_after:.0f}"],
-            ["state seen by a status poll, s after it", f"{polled:.1f}", f"{args.stall_after:.0f}"],
-            ["busiest process CPU in the window (%)", str(stalled and stalled["cpu_percent"]), "< 5"],
-            ["GPU utilisation in the stalled event", str(stalled and stalled["gpu_util"]), "< 5"],
-            ["stack dump has Python frames (py-spy)", str("(<string>" in stack), "True"],
+            ["hung: stalled event, s after the last output line", f"{detected:.1f}", f"{args.stall_after:.0f}"],
+            ["hung: state seen by a status poll, s after it", f"{polled:.1f}", f"{args.stall_after:.0f}"],
+            ["hung: how it sits still", str(stalled and stalled["kind"]), "idle"],
+            ["hung: busiest process CPU in the window (%)", str(stalled and stalled["cpu_percent"]), "< 5"],
+            ["hung: GPU utilisation in the stalled event", str(stalled and stalled["gpu_util"]), "< 5"],
+            ["hung: stack dump has Python frames (py-spy)", str("(<string>" in stack), "True"],
+            ["spin: stalled event, s after the last output line", f"{spin_detected:.1f}", f"{args.stall_after:.0f}"],
+            ["spin: how it sits still", str(spun and spun["kind"]), "spinning"],
+            ["spin: busiest process CPU in the window (%)", str(spun and spun["cpu_percent"]), "any"],
+            ["spin: GPU utilisation / memory utilisation", str(spun and (spun["gpu_util"], spun["gpu_mem_util"])), ""],
+            ["spin: stack dump shows the wait", str("synchronize" in spin_stack), "True"],
         ],
         ("metric", "measured", "expected"),
     )
     print("\n--- stack dump of the hung run ---\n" + stack[:2000])
+    print("\n--- stack dump of the spinning run ---\n" + spin_stack[:2000])
     return 0
+
+
+def stall_facts(workdir: Path, run_id: str, info: dict[str, Any]) -> tuple[float, dict[str, Any] | None, str]:
+    """When the run printed its last line, its stalled event, and its first stack dump."""
+    run = RunDir(workdir / "runs" / run_id)
+    output = run.file("output.log").read_text()
+    last_output = float(output.split("last output at ")[1].split()[0]) if "last output at " in output else float("nan")
+    stalled = next((e for e in run.events() if e["type"] == "stalled"), None)
+    dumps = info["stack_dumps"] or []
+    return last_output, stalled, (run.path / dumps[0]).read_text() if dumps else ""
 
 
 if __name__ == "__main__":

@@ -22,7 +22,6 @@ from backends.protocol import RUN_KINDS, SIGNAL_NAMES
 from backends.sglang_facts import DEFAULT_PORT, SERVER_MODULES
 from console import render
 from console.client import PAST_END, AgentClient, AgentError, follow
-from console.ssh_transport import SSHTransport
 from console.transport import LocalTransport, Transport, TransportError
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
@@ -221,6 +220,8 @@ def as_flag(text: str) -> str:
 def make_transport(host: str, workdir: Path | None) -> Transport:
     if host == "local":
         return LocalTransport(workdir)
+    from console.ssh_transport import SSHTransport  # asyncssh is needed only to reach another host
+
     try:
         return SSHTransport(host, workdir)
     except ValueError as exc:

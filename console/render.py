@@ -64,12 +64,22 @@ def runs_table(runs: list[dict[str, Any]]) -> str:
     return table(["RUN", "NAME", "KIND", "STATE", "PHASE", "PID", "EXIT", "STARTED", "COMMAND"], rows)
 
 
+STALL_KINDS = {
+    "idle": "output silent, processes and GPUs idle",
+    "spinning": (
+        "output silent, its GPUs held by kernels that move no memory "
+        "(waiting: a rank in an NCCL collective whose peer never came?)"
+    ),
+}
+
+
 def stall_text(run: dict[str, Any]) -> str:
-    """A stalled run's stall: where, since when, and where its stacks are."""
+    """A stalled run's stall: where, since when, how it sits still, and where its stacks are."""
     dumps = run.get("stack_dumps") or []
     where = f" in {run['phase']}" if run.get("phase") else ""
+    how = STALL_KINDS.get(run.get("stall_kind") or "idle", STALL_KINDS["idle"])
     return (
-        f"stalled{where} since {clock(run.get('stalled_since'))}: output silent, processes and GPUs idle; "
+        f"stalled{where} since {clock(run.get('stalled_since'))}: {how}; "
         f"stacks: runs/{run['id']}/{dumps[-1] if dumps else '(none)'}"
     )
 

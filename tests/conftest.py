@@ -17,6 +17,7 @@ from hypothesis import settings
 
 from console.client import AgentClient
 from console.transport import LocalTransport
+from tests.fake_nvml import gpu, write_state
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -56,24 +57,7 @@ def sshd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
 @pytest.fixture
 def nvml_state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """Route every agent started by this test to the NVML double, with one idle GPU."""
-    path = tmp_path / "nvml.json"
-    path.write_text(
-        json.dumps(
-            {
-                "gpus": [
-                    {
-                        "name": "NVIDIA H200",
-                        "util": 0,
-                        "mem_total_mib": 143771,
-                        "base_used_mib": 0,
-                        "temp_c": 30,
-                        "power_w": 70.0,
-                        "processes": [],
-                    }
-                ]
-            }
-        )
-    )
+    path = write_state(tmp_path / "nvml.json", [gpu(power_w=70.0)])
     monkeypatch.setenv("EAGLE3_NVML_MODULE", "tests.fake_nvml")
     monkeypatch.setenv("FAKE_NVML_STATE", str(path))
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))

@@ -41,6 +41,7 @@ def gpu(
     *,
     name: str = "NVIDIA H200",
     util: int = 0,
+    mem_util: int = 0,
     mem_total_mib: int = H200_MIB,
     base_used_mib: int = 0,
     reserved_mib: int = 0,
@@ -56,6 +57,7 @@ def gpu(
     return {
         "name": name,
         "util": util,
+        "mem_util": mem_util,
         "mem_total_mib": mem_total_mib,
         "base_used_mib": base_used_mib,
         "reserved_mib": reserved_mib,
@@ -150,7 +152,8 @@ def nvmlDeviceGetName(handle: SimpleNamespace) -> str:
 
 
 def nvmlDeviceGetUtilizationRates(handle: SimpleNamespace) -> SimpleNamespace:
-    return SimpleNamespace(gpu=_gpu(handle, "util")["util"], memory=0)
+    entry = _gpu(handle, "util")
+    return SimpleNamespace(gpu=entry["util"], memory=entry.get("mem_util", 0))
 
 
 def nvmlDeviceGetMemoryInfo(handle: SimpleNamespace, version: int | None = None) -> SimpleNamespace:

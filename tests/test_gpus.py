@@ -41,7 +41,7 @@ def test_nvml_sample_reports_every_field_in_the_protocols_units(state: Path, spa
     write_state(
         state,
         [
-            gpu(util=97, base_used_mib=500, temp_c=61, power_w=612.25, processes=[(trainer.pid, 4600)]),
+            gpu(util=97, mem_util=23, base_used_mib=500, temp_c=61, power_w=612.25, processes=[(trainer.pid, 4600)]),
             gpu(name="NVIDIA H100 80GB HBM3", mem_total_mib=81559),
         ],
     )
@@ -52,6 +52,7 @@ def test_nvml_sample_reports_every_field_in_the_protocols_units(state: Path, spa
         "index": 0,
         "name": "NVIDIA H200",
         "util": 97,
+        "mem_util": 23,
         "mem_used_mib": 500 + 4600,
         "mem_total_mib": 143771,
         "temp_c": 61,
@@ -96,7 +97,9 @@ def test_every_field_failing_still_gives_a_row_per_gpu(state: Path) -> None:
     assert [row["index"] for row in rows] == [0, 1]
     for row in rows:
         assert row["processes"] == []
-        assert {row[k] for k in ("name", "util", "mem_used_mib", "mem_total_mib", "temp_c", "power_w")} == {None}
+        assert {row[k] for k in ("name", "util", "mem_util", "mem_used_mib", "mem_total_mib", "temp_c", "power_w")} == {
+            None
+        }
 
 
 def test_run_id_comes_from_owner_of(state: Path, spawn: Spawn) -> None:
@@ -126,7 +129,15 @@ def test_nvml_init_failure_falls_back_to_nvidia_smi_with_the_same_numbers(
 ) -> None:
     trainer, server = spawn(), spawn()
     gpus = [
-        gpu(util=100, base_used_mib=9, reserved_mib=614, temp_c=59, power_w=691.09, processes=[(trainer.pid, 4906)]),
+        gpu(
+            util=100,
+            mem_util=18,
+            base_used_mib=9,
+            reserved_mib=614,
+            temp_c=59,
+            power_w=691.09,
+            processes=[(trainer.pid, 4906)],
+        ),
         gpu(util=3, base_used_mib=1, processes=[(server.pid, None)], fail=["temperature"]),
     ]
     write_state(state, gpus)
@@ -220,6 +231,7 @@ def test_the_smi_parsers_never_raise(text: str) -> None:
     uuid=UUIDS,
     name=st.from_regex(r"[A-Za-z0-9][A-Za-z0-9 ,.()-]{0,40}[A-Za-z0-9)]", fullmatch=True),
     util=st.integers(0, 100) | st.none(),
+    mem_util=st.integers(0, 100) | st.none(),
     used=st.integers(0, 10**7) | st.none(),
     total=st.integers(0, 10**7) | st.none(),
     temp=st.integers(0, 120) | st.none(),
@@ -231,6 +243,7 @@ def test_well_formed_gpu_lines_round_trip(
     uuid: str,
     name: str,
     util: int | None,
+    mem_util: int | None,
     used: int | None,
     total: int | None,
     temp: int | None,
@@ -240,7 +253,7 @@ def test_well_formed_gpu_lines_round_trip(
     def cell(value: object) -> str:
         return missing if value is None else (f"{value:.2f}" if isinstance(value, float) else str(value))
 
-    line = ", ".join([str(index), uuid, name, *map(cell, [util, used, total, temp, power])])
+    line = ", ".join([str(index), uuid, name, *map(cell, [util, mem_util, used, total, temp, power])])
     assert len(line.split(",")) >= len(SMI_GPU_FIELDS)
     (parsed,), rejected = parse_smi_gpus(line + "\n")
     assert rejected == []
@@ -249,6 +262,7 @@ def test_well_formed_gpu_lines_round_trip(
         "index": index,
         "name": name,
         "util": util,
+        "mem_util": mem_util,
         "mem_used_mib": used,
         "mem_total_mib": total,
         "temp_c": temp,

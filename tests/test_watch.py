@@ -195,14 +195,84 @@ def test_a_silent_process_on_a_busy_gpu_is_not_stalled_until_the_gpu_goes_idle(
 ) -> None:
     run_id = launch(cli, "train", "--stall-after", "2", "--", sys.executable, "-c", "import time; time.sleep(60)")
     pid = wait_for(lambda: run_info(cli, run_id)["pid"], what="the child's pid")
-    write_state(nvml_state, [gpu(util=100, processes=[(pid, 4096)])])
+    write_state(nvml_state, [gpu(util=100, mem_util=23, processes=[(pid, 4096)])])  # bf16 matmuls on an H200
     time.sleep(6)
     assert run_info(cli, run_id)["state"] == "running"
     write_state(nvml_state, [gpu(util=0, processes=[(pid, 4096)])])
-    wait_state(cli, run_id, {"stalled"}, timeout=20)
+    info = wait_state(cli, run_id, {"stalled"}, timeout=20)
+    assert info["stall_kind"] == "idle"
     stalled = next(e for e in events(workdir, run_id) if e["type"] == "stalled")
-    assert stalled["gpu_util"] == {"0": 0}
+    assert stalled["gpu_util"] == {"0": 0} and stalled["kind"] == "idle"
     cli("kill", run_id, "--grace", "1")
+
+
+def test_a_silent_run_whose_gpus_spin_without_moving_memory_is_stalled_until_they_work_again(
+    cli: CLI, workdir: Path, nvml_state: Path
+) -> None:
+    # Ranks in an NCCL collective whose peer never came: rank 0's GPU pinned at 100% by a kernel
+    # that moves no memory (what the H200 showed for a spinning kernel), rank 1 asleep with an idle
+    # GPU; the hosts spin as well, so the CPU does not count.
+    rank1 = "import time; time.sleep(60)"
+    ranks = f"import subprocess, sys\nsubprocess.Popen([sys.executable, '-c', {rank1!r}])\nwhile True: pass"
+    run_id = launch(cli, "train", "--stall-after", "2", "--", sys.executable, "-c", ranks)
+    pid = wait_for(lambda: run_info(cli, run_id)["pid"], what="the child's pid")
+    rank1 = wait_for(lambda: first_child(pid), what="the second rank")
+    write_state(
+        nvml_state,
+        [gpu(util=100, mem_util=0, processes=[(pid, 4096)]), gpu(util=0, processes=[(rank1, 4096)])],
+    )
+    info = wait_state(cli, run_id, {"stalled"}, timeout=20)
+    assert info["stall_kind"] == "spinning" and info["stack_dumps"]
+    stalled = next(e for e in events(workdir, run_id) if e["type"] == "stalled")
+    assert stalled["kind"] == "spinning" and stalled["gpu_util"] == {"0": 100, "1": 0}
+    assert stalled["cpu_percent"] > 50
+    assert "NCCL collective" in cli("status").stdout.decode()
+    write_state(nvml_state, [gpu(util=100, mem_util=23, processes=[(pid, 4096)]), gpu(processes=[(rank1, 4096)])])
+    assert wait_state(cli, run_id, {"running"}, timeout=20)["stall_kind"] is None
+    resumed = next(e for e in events(workdir, run_id) if e["type"] == "resumed")
+    assert resumed["by"] == "activity"
+    cli("kill", run_id, "--grace", "1")
+
+
+def first_child(pid: int) -> int | None:
+    """The first child of `pid`, once it has one."""
+    found = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    return int(found[0]) if found else None
+
+
+def load(util: int | None, mem_util: int | None = 0) -> watch.GpuLoad:
+    return watch.GpuLoad(util, mem_util)
+
+
+def sample(at: float, cpu_ticks: int, *gpus: watch.GpuLoad) -> watch.Activity:
+    return watch.Activity(at, {1: cpu_ticks}, dict(enumerate(gpus)))
+
+
+def test_a_run_sits_still_when_idle_or_when_its_gpus_only_spin() -> None:
+    idle_cpu, busy_cpu = (0, 2), (0, 2000)  # ticks at t=0 and t=20 s: 0.1% and 100% of a core
+    matmul, spin = load(97, 23), load(100, 0)
+    cases: list[tuple[list[watch.GpuLoad], tuple[int, int], str | None]] = [
+        ([load(0)], idle_cpu, "idle"),
+        ([], idle_cpu, "idle"),
+        ([load(None, None)], idle_cpu, "idle"),
+        ([], busy_cpu, None),
+        ([load(0)], busy_cpu, None),
+        ([spin], busy_cpu, "spinning"),
+        ([spin, load(0)], idle_cpu, "spinning"),
+        ([spin, matmul], idle_cpu, None),
+        ([matmul], idle_cpu, None),
+        ([load(100, None)], idle_cpu, None),  # no memory figure: never a spin
+        ([load(89)], idle_cpu, None),
+    ]
+    for gpus, (before, after), expected in cases:
+        samples = [sample(0, before, *gpus), sample(10, (before + after) // 2, *gpus), sample(20, after, *gpus)]
+        assert watch.sitting_still(samples) == expected, (gpus, before, after)
+
+
+def test_one_sample_of_real_work_in_the_window_is_not_a_spin() -> None:
+    spin = load(100, 0)
+    samples = [sample(0, 0, spin), sample(10, 1000, load(98, 40)), sample(20, 2000, spin)]
+    assert watch.sitting_still(samples) is None
 
 
 def test_output_after_a_stall_resumes_the_run(cli: CLI, workdir: Path) -> None:
