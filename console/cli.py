@@ -14,7 +14,7 @@ import os
 import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from backends.doctor import format_result
 from backends.metrics_sources import parse_source
@@ -23,6 +23,9 @@ from backends.sglang_facts import DEFAULT_PORT, SERVER_MODULES
 from console import render
 from console.client import PAST_END, AgentClient, AgentError, follow
 from console.transport import LocalTransport, Transport, TransportError
+
+if TYPE_CHECKING:
+    from console.host_keys import TrustNewKey
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 STAGES = ("extract", "train")
@@ -84,6 +87,11 @@ def build_parser() -> Parser:
     )
     parser.add_argument("--workdir", type=Path, help="run store on the host (default ~/.eagle3-console)")
     parser.add_argument("--readonly", action="store_true", help="the console without kill, relaunch or free-gpus")
+    parser.add_argument(
+        "--accept-new-host-key",
+        action="store_true",
+        help="trust a host key seen for the first time (its fingerprint is shown; a changed key is still refused)",
+    )
     parser.add_argument("host", metavar="HOST", help="'local', or [user@]host[:port] over SSH")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
 
@@ -217,15 +225,27 @@ def as_flag(text: str) -> str:
     return text if text.startswith("-") else f"--{text}"
 
 
-def make_transport(host: str, workdir: Path | None) -> Transport:
+def make_transport(host: str, workdir: Path | None, trust_new_key: TrustNewKey | None = None) -> Transport:
+    """`trust_new_key` decides on a host key seen for the first time; None refuses it."""
     if host == "local":
         return LocalTransport(workdir)
     from console.ssh_transport import SSHTransport  # asyncssh is needed only to reach another host
 
     try:
-        return SSHTransport(host, workdir)
+        transport = SSHTransport(host, workdir)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
+    transport.trust_new_key = trust_new_key
+    return transport
+
+
+def terminal_trust(ns: argparse.Namespace) -> TrustNewKey | None:
+    """Who trusts a new host key for a command: the flag, else the person at the terminal, else nobody."""
+    from console import host_keys
+
+    if ns.accept_new_host_key:
+        return host_keys.accept_and_say
+    return host_keys.ask_on_terminal if sys.stdin.isatty() and sys.stderr.isatty() else None
 
 
 def note(text: str) -> None:
@@ -517,7 +537,7 @@ COMMANDS: dict[str, Command] = {
 
 
 async def run_command(ns: argparse.Namespace, argv: list[str]) -> int:
-    client = AgentClient(make_transport(ns.host, ns.workdir))
+    client = AgentClient(make_transport(ns.host, ns.workdir, terminal_trust(ns)))
     try:
         await client.start()
         return await COMMANDS[ns.command](client, ns, argv)
@@ -541,7 +561,9 @@ def open_console(ns: argparse.Namespace) -> int:
         raise UsageError("the console needs a terminal; give a COMMAND (e.g. 'status') for scripts")
     from console.tui.app import ConsoleApp
 
-    app = ConsoleApp(make_transport(ns.host, ns.workdir), readonly=ns.readonly)
+    # A new host key is for the console to decide: it asks in a dialog (the app exists by then).
+    transport = make_transport(ns.host, ns.workdir, lambda offered: app.trust_new_key(offered))
+    app = ConsoleApp(transport, readonly=ns.readonly, accept_new_host_key=ns.accept_new_host_key)
     app.run()
     return EXIT_FAILED if app.return_code else EXIT_OK
 

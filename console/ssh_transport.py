@@ -2,8 +2,9 @@
 
 `~/.ssh/config` applies (HostName, User, Port, IdentityFile, ProxyJump, ...),
 the agent (`$SSH_AUTH_SOCK`) is used, and the host key is checked strictly
-against `~/.ssh/known_hosts`: an unknown or changed key refuses the connection
-with what to do, it is never accepted silently. The host needs only `python3`:
+against `~/.ssh/known_hosts`: a changed key refuses the connection, and an
+unknown one is trusted only when `trust_new_key` (a person, asked, or
+`--accept-new-host-key`) says so (`host_keys`); it is never accepted silently. The host needs only `python3`:
 the pure-Python `backends` package is uploaded by SFTP, once per version, into
 `WORKDIR/agent/<version>/` on the host (written under a temporary name, then
 renamed), and the agent runs from there. Nothing listens on the host: the agent
@@ -24,6 +25,7 @@ from typing import Any
 
 import asyncssh
 
+from console import host_keys
 from console.transport import STDERR_KEEP_LINES, Transport, TransportError
 
 BACKENDS = Path(__file__).resolve().parent.parent / "backends"
@@ -65,6 +67,7 @@ class SSHTransport(Transport):
         self.spec = host
         self.workdir = workdir
         self.description = host
+        self.trust_new_key: host_keys.TrustNewKey | None = None  # None: an unknown host key is refused
         self._conn: asyncssh.SSHClientConnection | None = None
         self._proc: asyncssh.SSHClientProcess[bytes] | None = None
         self._stderr: collections.deque[str] = collections.deque(maxlen=STDERR_KEEP_LINES)
@@ -93,11 +96,14 @@ class SSHTransport(Transport):
         if self.port is not None:
             options["port"] = self.port
         try:
-            return await asyncssh.connect(self.host, **options)
+            try:
+                return await asyncssh.connect(self.host, **options)
+            except asyncssh.HostKeyNotVerifiable:
+                await self._trust_new_key()
+                return await asyncssh.connect(self.host, **options)
         except asyncssh.HostKeyNotVerifiable:
             raise TransportError(
-                f"{self.spec}: the host key is not in ~/.ssh/known_hosts, or it changed; check it with "
-                f"`ssh {self.spec}` and accept it there, then try again",
+                f"{self.spec}: the host key is not trusted by known_hosts; check it with `ssh {self.spec}`",
                 transient=False,
             ) from None
         except asyncssh.PermissionDenied:
@@ -108,6 +114,28 @@ class SSHTransport(Transport):
             ) from None
         except (asyncssh.Error, OSError) as exc:
             raise TransportError(f"cannot reach {self.spec}: {_reason(exc)}") from None
+
+    async def _trust_new_key(self) -> None:
+        """The host's key is not trusted: record it if it is new and a person trusts it, else refuse."""
+        offered = await host_keys.offered_key(self.spec, self.host, self.port)
+        if offered is None:
+            raise asyncssh.HostKeyNotVerifiable("the host showed no key")
+        if offered.changed:
+            raise TransportError(
+                f"{offered.describe()}, but {offered.known_hosts} trusts another key for {offered.name}: the "
+                f"host key CHANGED. Someone may be intercepting the link; if the host was reinstalled, remove "
+                f"the old key (ssh-keygen -R '{offered.name}') and connect again",
+                transient=False,
+            )
+        if self.trust_new_key is None:
+            raise TransportError(
+                f"{offered.describe()}, not in {offered.known_hosts}; if that is the host's key, run again "
+                "with --accept-new-host-key (or accept it with `ssh " + self.spec + "`)",
+                transient=False,
+            )
+        if not await self.trust_new_key(offered):
+            raise TransportError(f"{self.spec}: the host key was not trusted; nothing was changed", transient=False)
+        host_keys.record(offered)
 
     async def _upload(self) -> tuple[str, str]:
         """(remote home, folder holding this version of backends), uploading it if the host lacks it."""

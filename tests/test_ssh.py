@@ -7,11 +7,14 @@ launched over SSH is a real process whose files the test can read.
 from __future__ import annotations
 
 import json
+import os
+import pty
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import asyncssh
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -94,20 +97,65 @@ def test_the_agent_is_uploaded_once_per_version_and_then_reused(sshd: Sshd, tmp_
     assert [p.name for p in (workdir / "agent").iterdir()] == [backends_version()]  # no staging left behind
 
 
-def test_an_unknown_host_key_is_refused_with_what_to_do(sshd: Sshd, tmp_path: Path) -> None:
+def fingerprint(public_key: str) -> str:
+    return asyncssh.import_public_key(public_key).get_fingerprint()
+
+
+def recorded(sshd: Sshd) -> str:
+    """The known_hosts line that trusts the test host: its name and key, as `ssh` writes it."""
+    return f"[127.0.0.1]:{sshd.port} {' '.join(sshd.host_public_key.split()[:2])}\n"
+
+
+def test_an_unknown_host_key_is_refused_with_its_fingerprint_and_what_to_do(sshd: Sshd, tmp_path: Path) -> None:
     home = sshd.client_home(tmp_path / "home", known_hosts="")
     done = console(sshd, ALIAS, tmp_path / "work", "status", home=home)
     assert done.returncode == 1
     assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr
-    assert "host key is not in ~/.ssh/known_hosts" in done.stderr and f"ssh {ALIAS}" in done.stderr
+    assert fingerprint(sshd.host_public_key) in done.stderr and f"[127.0.0.1]:{sshd.port}" in done.stderr
+    assert "--accept-new-host-key" in done.stderr and f"ssh {ALIAS}" in done.stderr
+    assert (home / ".ssh" / "known_hosts").read_text() == ""  # nothing trusted behind the user's back
     assert not (tmp_path / "work").exists()  # nothing was uploaded or started
 
 
-def test_a_changed_host_key_is_refused_too(sshd: Sshd, tmp_path: Path) -> None:
+def test_a_new_host_key_is_trusted_when_asked_to_and_then_known(sshd: Sshd, tmp_path: Path) -> None:
+    other = "other.example ssh-ed25519 " + keygen(tmp_path / "other").split()[1]
+    home = sshd.client_home(tmp_path / "home", known_hosts=other)  # no newline at the end
+    done = console(sshd, ALIAS, tmp_path / "work", "--accept-new-host-key", "status", home=home)
+    assert done.returncode == 0, done.stderr
+    assert fingerprint(sshd.host_public_key) in done.stderr and "trusted and added to" in done.stderr
+    known = home / ".ssh" / "known_hosts"
+    assert known.read_text() == other + "\n" + recorded(sshd)  # what was there is kept
+    again = console(sshd, ALIAS, tmp_path / "work", "status", home=home)
+    assert again.returncode == 0 and again.stderr == ""
+
+
+def test_a_changed_host_key_is_refused_even_when_new_keys_are_accepted(sshd: Sshd, tmp_path: Path) -> None:
     impostor = keygen(tmp_path / "impostor")
-    home = sshd.client_home(tmp_path / "home", known_hosts=f"[127.0.0.1]:{sshd.port} {impostor}\n")
-    done = console(sshd, ALIAS, tmp_path / "work", "status", home=home)
-    assert done.returncode == 1 and "host key" in done.stderr and "Traceback" not in done.stderr
+    trusted = f"[127.0.0.1]:{sshd.port} {impostor}\n"
+    home = sshd.client_home(tmp_path / "home", known_hosts=trusted)
+    done = console(sshd, ALIAS, tmp_path / "work", "--accept-new-host-key", "status", home=home)
+    assert done.returncode == 1 and done.stderr.count("\n") == 1 and "Traceback" not in done.stderr
+    assert "CHANGED" in done.stderr and fingerprint(sshd.host_public_key) in done.stderr
+    assert f"ssh-keygen -R '[127.0.0.1]:{sshd.port}'" in done.stderr
+    assert (home / ".ssh" / "known_hosts").read_text() == trusted
+
+
+@pytest.mark.parametrize(("answer", "code"), [("yes", 0), ("no", 1)])
+def test_at_a_terminal_the_person_is_asked_as_ssh_asks(sshd: Sshd, tmp_path: Path, answer: str, code: int) -> None:
+    home = sshd.client_home(tmp_path / "home", known_hosts="")
+    controller, terminal = pty.openpty()
+    command = [sys.executable, "-m", "console", "--workdir", str(tmp_path / "work"), ALIAS, "status"]
+    child = subprocess.Popen(command, cwd=REPO, env=sshd.env(home), stdin=terminal, stdout=terminal, stderr=terminal)
+    os.close(terminal)
+    seen = b""
+    while b"(yes/no/[fingerprint])?" not in seen:
+        seen += os.read(controller, 4096)
+    os.write(controller, answer.encode() + b"\n")
+    assert child.wait(timeout=60) == code
+    os.close(controller)
+    assert fingerprint(sshd.host_public_key).encode() in seen
+    known = (home / ".ssh" / "known_hosts").read_text()
+    assert known == (recorded(sshd) if answer == "yes" else "")
 
 
 def test_a_key_the_host_does_not_accept_is_permission_denied(sshd: Sshd, tmp_path: Path) -> None:
@@ -163,6 +211,29 @@ async def test_the_console_leaves_with_the_reason_when_the_host_key_is_refused(
         await until(pilot, lambda: app.return_code == 1, what="the console to leave")
     assert app.return_code == 1
     assert not (tmp_path / "work").exists()
+
+
+async def test_the_console_asks_before_it_trusts_a_new_host_key(
+    sshd: Sshd, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from console.ssh_transport import SSHTransport
+    from console.tui.app import ConsoleApp
+    from console.tui.dialogs import ConfirmScreen
+
+    home = sshd.client_home(tmp_path / "home", known_hosts="")
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.delenv("SSH_AUTH_SOCK", raising=False)
+    transport = SSHTransport(ALIAS, tmp_path / "work")
+    app = ConsoleApp(transport)
+    transport.trust_new_key = app.trust_new_key
+    async with app.run_test(size=(160, 50)) as pilot:
+        await until(pilot, lambda: isinstance(app.screen, ConfirmScreen), what="the question")
+        assert fingerprint(sshd.host_public_key) in str(app.screen.query_one("#details").render())
+        assert app.focused is not None and app.focused.id == "cancel"
+        await pilot.press("y")
+        await until(pilot, lambda: app.connected.is_set(), what="the connection")
+        await pilot.press("q")
+    assert (home / ".ssh" / "known_hosts").read_text() == recorded(sshd)
 
 
 async def test_the_console_over_ssh_shows_the_hosts_runs(

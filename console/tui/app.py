@@ -14,7 +14,7 @@ import asyncio
 import base64
 import time
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from textual import on, work
 from textual.app import App, ComposeResult
@@ -30,6 +30,9 @@ from console.tui.commands import RunCommands
 from console.tui.dialogs import ConfirmScreen, RelaunchScreen, TextScreen
 from console.tui.panels import GpuPanel, RunDetail, RunsTable
 from themes import register_themes
+
+if TYPE_CHECKING:
+    from console.host_keys import OfferedKey
 
 POLL_S = 2.0
 FLASH_S = 6.0  # how long a passing message stays
@@ -58,10 +61,11 @@ class ConsoleApp(App[None]):
         Binding("q", "quit", "quit"),
     ]
 
-    def __init__(self, transport: Transport, readonly: bool = False) -> None:
+    def __init__(self, transport: Transport, readonly: bool = False, accept_new_host_key: bool = False) -> None:
         super().__init__()
         self.client = AgentClient(transport)
         self.readonly = readonly
+        self.accept_new_host_key = accept_new_host_key
         self.sub_title = transport.description + ("  (read-only)" if readonly else "")
         self.runs: dict[str, dict[str, Any]] = {}
         self.connected = asyncio.Event()
@@ -118,6 +122,19 @@ class ConsoleApp(App[None]):
                 self.banner(None)
             self.show_status(status)
             await asyncio.sleep(POLL_S)
+
+    async def trust_new_key(self, offered: OfferedKey) -> bool:
+        """A host key seen for the first time: trusted by --accept-new-host-key (and said so), else asked."""
+        if self.accept_new_host_key:
+            self.notify(f"{offered.describe()}; trusted and added to {offered.known_hosts}", timeout=30)
+            return True
+        details = (
+            f"{offered.algorithm} key fingerprint {offered.fingerprint}\n"
+            f"Yes adds it to {offered.known_hosts}. Compare it with the host's own first "
+            "(ssh-keygen -lf /etc/ssh/ssh_host_ed25519_key.pub, run there)."
+        )
+        question = f"{offered.spec} ({offered.name}) is not a known host. Trust its key?"
+        return await self.push_screen_wait(ConfirmScreen(question, details))
 
     async def connect(self) -> None:
         def retrying(exc: TransportError) -> None:

@@ -1,0 +1,98 @@
+"""A host's SSH key seen for the first time: shown by its fingerprint, trusted only when a person says
+so (asked on the terminal or in the console, or `--accept-new-host-key`), then recorded in known_hosts,
+as OpenSSH's `StrictHostKeyChecking accept-new` does. A key that differs from the one known_hosts
+already holds for the host is never accepted: that is how an interception looks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import asyncssh
+
+DEFAULT_KNOWN_HOSTS = Path("~/.ssh/known_hosts")
+USER_CONFIG = Path("~/.ssh/config")  # named, as asyncssh reads it for connect() but not for bare options
+SSH_PORT = 22
+
+
+@dataclass(frozen=True)
+class OfferedKey:
+    """The key a host offered that known_hosts does not trust."""
+
+    spec: str  # the host as the user named it
+    name: str  # its known_hosts name: host, [host]:port, or the config's HostKeyAlias
+    algorithm: str  # ssh-ed25519, ...
+    fingerprint: str  # SHA256:...
+    line: str  # the known_hosts line that trusts it
+    known_hosts: Path  # where that line goes
+    changed: bool  # known_hosts trusts another key under this name
+
+    def describe(self) -> str:
+        return f"{self.spec} ({self.name}) offers the {self.algorithm} key {self.fingerprint}"
+
+
+TrustNewKey = Callable[[OfferedKey], Awaitable[bool]]
+
+
+async def offered_key(spec: str, host: str, port: int | None) -> OfferedKey | None:
+    """What the host offers, read as OpenSSH's config resolves `host` (HostName, Port, HostKeyAlias,
+    ProxyJump, UserKnownHostsFile); None when the handshake shows no key (GSS key exchange)."""
+    config = [str(USER_CONFIG.expanduser())] if USER_CONFIG.expanduser().is_file() else []
+    options = asyncssh.SSHClientConnectionOptions(host=host, port=port if port is not None else (), config=config)
+    key = await asyncssh.get_server_host_key(host, port if port is not None else (), config=config)
+    if key is None:
+        return None
+    name = options.host_key_alias or options.host
+    if options.port != SSH_PORT:
+        name = f"[{name}]:{options.port}"
+    configured = options.known_hosts  # the config's UserKnownHostsFile, as a list of paths
+    named = [f for f in configured if isinstance(f, str)] if isinstance(configured, list) else []
+    files = [Path(f).expanduser() for f in named] or [DEFAULT_KNOWN_HOSTS.expanduser()]
+    present = [str(f) for f in files if f.is_file()]
+    trusted = asyncssh.match_known_hosts(asyncssh.read_known_hosts(present), name, "", None) if present else None
+    return OfferedKey(
+        spec=spec,
+        name=name,
+        algorithm=key.get_algorithm(),
+        fingerprint=key.get_fingerprint(),
+        line=f"{name} {key.export_public_key().decode().strip()}\n",
+        known_hosts=files[0],
+        changed=bool(trusted and (trusted[0] or trusted[1])),
+    )
+
+
+def record(offered: OfferedKey) -> None:
+    """Add the key to known_hosts, atomically: the file is whole or untouched, whatever happens."""
+    path = offered.known_hosts.resolve()  # a known_hosts linked from elsewhere stays a link
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    before = path.read_text() if path.is_file() else ""
+    mode = path.stat().st_mode & 0o777 if path.is_file() else 0o600
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    with os.fdopen(fd, "w") as out:
+        out.write(before if not before or before.endswith("\n") else before + "\n")
+        out.write(offered.line)
+    tmp.replace(path)
+
+
+async def ask_on_terminal(offered: OfferedKey) -> bool:
+    """ssh's question, on stderr; yes (or the fingerprint itself) trusts the key."""
+    sys.stderr.write(
+        f"The authenticity of host {offered.spec} ({offered.name}) can't be established.\n"
+        f"{offered.algorithm} key fingerprint is {offered.fingerprint}.\n"
+        f"Trust it and add it to {offered.known_hosts} (yes/no/[fingerprint])? "
+    )
+    sys.stderr.flush()
+    answer = await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
+    return answer.strip().lower() in ("yes", "y") or answer.strip() == offered.fingerprint
+
+
+async def accept_and_say(offered: OfferedKey) -> bool:
+    """`--accept-new-host-key`: trusted, and the fingerprint is said, so a person can check it later."""
+    sys.stderr.write(f"eagle3-console: {offered.describe()}; trusted and added to {offered.known_hosts}\n")
+    return True
