@@ -88,6 +88,11 @@ def build_parser() -> Parser:
     parser.add_argument("--workdir", type=Path, help="run store on the host (default ~/.eagle3-console)")
     parser.add_argument("--readonly", action="store_true", help="the console without kill, relaunch or free-gpus")
     parser.add_argument(
+        "--remote-python",
+        metavar="PATH",
+        help="the host's Python (3.10 or newer) for the agent (default: python3 on the host's PATH)",
+    )
+    parser.add_argument(
         "--accept-new-host-key",
         action="store_true",
         help="trust a host key seen for the first time (its fingerprint is shown; a changed key is still refused)",
@@ -225,14 +230,16 @@ def as_flag(text: str) -> str:
     return text if text.startswith("-") else f"--{text}"
 
 
-def make_transport(host: str, workdir: Path | None, trust_new_key: TrustNewKey | None = None) -> Transport:
+def make_transport(ns: argparse.Namespace, trust_new_key: TrustNewKey | None = None) -> Transport:
     """`trust_new_key` decides on a host key seen for the first time; None refuses it."""
-    if host == "local":
-        return LocalTransport(workdir)
-    from console.ssh_transport import SSHTransport  # asyncssh is needed only to reach another host
+    if ns.host == "local":
+        if ns.remote_python is not None:
+            raise UsageError("--remote-python names the Python of an SSH host; 'local' runs the agent with this one")
+        return LocalTransport(ns.workdir)
+    from console.ssh_transport import DEFAULT_PYTHON, SSHTransport  # asyncssh is needed only for another host
 
     try:
-        transport = SSHTransport(host, workdir)
+        transport = SSHTransport(ns.host, ns.workdir, ns.remote_python or DEFAULT_PYTHON)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     transport.trust_new_key = trust_new_key
@@ -537,7 +544,7 @@ COMMANDS: dict[str, Command] = {
 
 
 async def run_command(ns: argparse.Namespace, argv: list[str]) -> int:
-    client = AgentClient(make_transport(ns.host, ns.workdir, terminal_trust(ns)))
+    client = AgentClient(make_transport(ns, terminal_trust(ns)))
     try:
         await client.start()
         return await COMMANDS[ns.command](client, ns, argv)
@@ -546,10 +553,10 @@ async def run_command(ns: argparse.Namespace, argv: list[str]) -> int:
 
 
 def split_stage(args: list[str]) -> tuple[list[str], list[str]] | None:
-    """`[--workdir W] HOST extract|train REST...`: REST belongs to the stage, not to argparse."""
+    """`[GLOBAL OPTIONS] HOST extract|train REST...`: REST belongs to the stage, not to argparse."""
     i = 0
     while i < len(args) and args[i].startswith("-"):
-        i += 2 if args[i] == "--workdir" else 1
+        i += 2 if args[i] in ("--workdir", "--remote-python") else 1  # the global options that take a value
     if i + 1 < len(args) and args[i + 1] in STAGES:
         return args[: i + 2], args[i + 2 :]
     return None
@@ -562,7 +569,7 @@ def open_console(ns: argparse.Namespace) -> int:
     from console.tui.app import ConsoleApp
 
     # A new host key is for the console to decide: it asks in a dialog (the app exists by then).
-    transport = make_transport(ns.host, ns.workdir, lambda offered: app.trust_new_key(offered))
+    transport = make_transport(ns, lambda offered: app.trust_new_key(offered))
     app = ConsoleApp(transport, readonly=ns.readonly, accept_new_host_key=ns.accept_new_host_key)
     app.run()
     return EXIT_FAILED if app.return_code else EXIT_OK

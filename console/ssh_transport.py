@@ -29,6 +29,7 @@ from console import host_keys
 from console.transport import STDERR_KEEP_LINES, Transport, TransportError
 
 BACKENDS = Path(__file__).resolve().parent.parent / "backends"
+DEFAULT_PYTHON = "python3"  # the host's interpreter for the agent, unless --remote-python names another
 DEFAULT_WORKDIR = ".eagle3-console"  # relative to the remote home, as the agent's own default
 CONNECT_TIMEOUT_S = 15
 KEEPALIVE_S = 15  # a dead link (laptop asleep, Wi-Fi gone) is noticed within about three of these
@@ -62,8 +63,9 @@ def backends_version() -> str:
 class SSHTransport(Transport):
     """The agent on `[user@]host[:port]`, over SSH."""
 
-    def __init__(self, host: str, workdir: Path | None) -> None:
+    def __init__(self, host: str, workdir: Path | None, python: str = DEFAULT_PYTHON) -> None:
         self.user, self.host, self.port = parse_host(host)
+        self.python = python
         self.spec = host
         self.workdir = workdir
         self.description = host
@@ -78,7 +80,7 @@ class SSHTransport(Transport):
         try:
             home, agent_dir = await self._upload()
             workdir = str(self.workdir) if self.workdir is not None else f"{home}/{DEFAULT_WORKDIR}"
-            agent = ["env", f"PYTHONPATH={agent_dir}", "python3", "-m", "backends.agent", "--workdir", workdir]
+            agent = ["env", f"PYTHONPATH={agent_dir}", self.python, "-m", "backends.agent", "--workdir", workdir]
             command = f"cd {shlex.quote(home)} && exec {shlex.join(agent)}"
             self._proc = await self._conn.create_process(command, encoding=None)
         except (asyncssh.Error, OSError) as exc:
@@ -182,7 +184,10 @@ class SSHTransport(Transport):
             return b""
 
     def last_words(self) -> str:
-        return "\n".join(self._stderr)
+        words = "\n".join(self._stderr)
+        if self.python in words and any(said in words for said in ("No such file", "not found", "Permission denied")):
+            words += f"\nno Python at {self.python} on {self.spec}: name its Python 3.10+ with --remote-python PATH"
+        return words
 
     def _why(self) -> str:
         return f": {self._stderr[-1]}" if self._stderr else ""

@@ -6,6 +6,7 @@ launched over SSH is a real process whose files the test can read.
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import pty
@@ -169,6 +170,26 @@ def test_a_host_that_does_not_answer_is_reported_in_one_line(sshd: Sshd, tmp_pat
     done = console(sshd, f"127.0.0.1:{free_port()}", tmp_path / "work", "status")
     assert done.returncode == 1
     assert done.stderr.startswith("eagle3-console: cannot reach 127.0.0.1:") and done.stderr.count("\n") == 1
+
+
+def test_the_agent_runs_on_the_python_named_for_the_host(sshd: Sshd, tmp_path: Path) -> None:
+    done = console(sshd, ALIAS, tmp_path / "work", "--remote-python", sys.executable, "status")
+    assert done.returncode == 0 and "no runs yet" in done.stdout
+    assert console(sshd, "local", tmp_path / "work", "--remote-python", sys.executable, "status").returncode == 2
+
+
+def test_a_host_without_that_python_says_so_and_what_to_do(sshd: Sshd, tmp_path: Path) -> None:
+    done = console(sshd, ALIAS, tmp_path / "work", "--remote-python", "/opt/none/bin/python3", "status")
+    assert done.returncode == 1 and done.stderr.count("\n") == 1
+    assert "no Python at /opt/none/bin/python3 on gpu-test" in done.stderr and "--remote-python PATH" in done.stderr
+
+
+def test_an_old_python_on_the_host_is_told_apart_before_it_reads_newer_syntax() -> None:
+    # backends/__init__.py is what an old interpreter compiles first: it must parse as Python 3.6
+    # so that its version check can speak, where any newer module would stop at a SyntaxError.
+    source = (REPO / "backends" / "__init__.py").read_text()
+    ast.parse(source, feature_version=(3, 6))
+    assert "sys.version_info < (3, 10)" in source and "--remote-python" in source
 
 
 COUNTER = "import time\nfor i in range(60):\n    print(f'line {i}', flush=True)\n    time.sleep(0.1)"
