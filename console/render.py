@@ -46,7 +46,18 @@ def exit_text(run: dict[str, Any]) -> str:
     return "-" if run.get("exit_code") is None else str(run["exit_code"])
 
 
-def runs_table(runs: list[dict[str, Any]]) -> str:
+def run_gpus(gpus: list[dict[str, Any]]) -> dict[str, str]:
+    """Each run's GPUs, where NVML lists one of its processes, with their utilisation: `0:97% 1:0%`."""
+    held: dict[str, list[str]] = {}
+    for gpu in gpus:
+        util = "n/a" if gpu["util"] is None else f"{gpu['util']}%"
+        for run_id in dict.fromkeys(p["run_id"] for p in gpu["processes"] if p.get("run_id")):
+            held.setdefault(run_id, []).append(f"{gpu['index']}:{util}")
+    return {run_id: " ".join(on) for run_id, on in held.items()}
+
+
+def runs_table(runs: list[dict[str, Any]], gpus: list[dict[str, Any]] | None = None) -> str:
+    on_gpus = run_gpus(gpus or [])
     rows = [
         [
             r["id"],
@@ -56,12 +67,13 @@ def runs_table(runs: list[dict[str, Any]]) -> str:
             truncate(r.get("phase") or "-", 24),
             cell(r["pid"]) if r["pid"] else "-",
             exit_text(r),
+            truncate(on_gpus.get(r["id"], "-"), 24),
             clock(r["started_at"]),
             truncate(shlex.join(r["argv"]), 60),
         ]
         for r in runs
     ]
-    return table(["RUN", "NAME", "KIND", "STATE", "PHASE", "PID", "EXIT", "STARTED", "COMMAND"], rows)
+    return table(["RUN", "NAME", "KIND", "STATE", "PHASE", "PID", "EXIT", "GPUS", "STARTED", "COMMAND"], rows)
 
 
 STALL_KINDS = {
@@ -122,7 +134,7 @@ def gpus_table(gpus: list[dict[str, Any]]) -> str:
 
 def status_text(status: dict[str, Any]) -> str:
     parts = [f"host {status['host']}"]
-    parts.append(runs_table(status["runs"]) if status["runs"] else "no runs yet")
+    parts.append(runs_table(status["runs"], status.get("gpus")) if status["runs"] else "no runs yet")
     notes = run_notes(status["runs"])
     if notes:
         parts.append("\n".join(notes))

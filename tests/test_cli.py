@@ -10,6 +10,7 @@ from pathlib import Path
 from backends.protocol import GpuInfo, RunInfo
 from backends.runstore import RunDir, RunStore
 from tests.conftest import CLI, Spawn, launch, run_info, status, wait_for, wait_state
+from tests.fake_nvml import gpu, write_state
 
 PRINTER = (
     "import sys, time, json, os\n"
@@ -71,6 +72,20 @@ def test_status_table_and_json_shape(cli: CLI) -> None:
     assert set(data["runs"][0]) == RunInfo.__required_keys__
     text = cli("status").stdout.decode()
     assert run_id in text and "exited" in text and "NVIDIA H200" in text
+
+
+def test_status_shows_the_gpus_each_run_holds_and_how_busy_they_are(cli: CLI, nvml_state: Path) -> None:
+    trainer = launch(cli, "train", "--", sys.executable, "-c", "import time; time.sleep(60)")
+    idle = launch(cli, "command", "--", sys.executable, "-c", "import time; time.sleep(60)")
+    pid = wait_for(lambda: run_info(cli, trainer)["pid"], what="the trainer's pid")
+    write_state(nvml_state, [gpu(util=97, processes=[(pid, 4096)]), gpu(util=0), gpu(processes=[(pid, 10)])])
+    rows = {line.split()[0]: line for line in cli("status").stdout.decode().splitlines() if line[:1].isdigit()}
+    header = next(line for line in cli("status").stdout.decode().splitlines() if line.startswith("RUN "))
+    column = header.index("GPUS")
+    assert rows[trainer][column:].split()[:2] == ["0:97%", "2:0%"]
+    assert rows[idle][column:].split()[0] == "-"
+    for run_id in (trainer, idle):
+        cli("kill", run_id, "--grace", "1")
 
 
 def test_missing_program_fails_with_os_error(cli: CLI, workdir: Path) -> None:

@@ -163,7 +163,7 @@ class ConsoleApp(App[None]):
     def show_status(self, status: dict[str, Any]) -> None:
         self.runs = {run["id"]: run for run in status["runs"]}
         with self.batch_update():
-            self.query_one(RunsTable).show(status["runs"])
+            self.query_one(RunsTable).show(status["runs"], status.get("gpus") or [])
             self.query_one(GpuPanel).show(status)
             self.show_selected()
 

@@ -8,7 +8,7 @@ from typing import Any
 from rich.text import Text
 from textual.widgets import DataTable, Static
 
-from console.render import exit_text, stall_text
+from console.render import exit_text, run_gpus, stall_text
 
 # A state is shown by its word and a colour together (never by colour alone).
 STATE_STYLES = {
@@ -22,7 +22,7 @@ STATE_STYLES = {
     "lost": "bold red",
 }
 COMMAND_CHARS = 160  # a long command line (a whole script in -c) would push the rest out of view
-RUN_COLUMNS = ("RUN", "NAME", "KIND", "STATE", "PHASE", "PID", "EXIT")
+RUN_COLUMNS = ("RUN", "NAME", "KIND", "STATE", "PHASE", "PID", "EXIT", "GPUS")
 
 
 def state_text(state: str) -> Text:
@@ -36,8 +36,9 @@ class RunsTable(DataTable[Any]):
         self.cursor_type = "row"
         self.add_columns(*RUN_COLUMNS)
 
-    def show(self, runs: list[dict[str, Any]]) -> None:
+    def show(self, runs: list[dict[str, Any]], gpus: list[dict[str, Any]]) -> None:
         selected = self.selected_run()
+        on_gpus = run_gpus(gpus)
         self.clear()
         for run in runs:
             self.add_row(
@@ -48,6 +49,7 @@ class RunsTable(DataTable[Any]):
                 run.get("phase") or "-",
                 str(run["pid"] or "-"),
                 exit_text(run),
+                on_gpus.get(run["id"], "-"),
                 key=run["id"],
             )
         ids = [run["id"] for run in runs]
