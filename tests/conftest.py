@@ -28,6 +28,12 @@ settings.register_profile("explore", derandomize=False)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
+@pytest.fixture(autouse=True)
+def own_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test (and every agent it starts) keeps its caches to itself."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+
+
 @pytest.fixture
 def workdir(tmp_path: Path) -> Iterator[Path]:
     """The run store of one test; whatever runs it started are killed afterwards, even when the test failed."""

@@ -77,6 +77,48 @@ def test_an_interpreter_without_sglang_is_reported_as_unchecked_not_refused(tmp_
     assert missing is not None and missing["severity"] == "info" and "could not run" in missing["message"]
 
 
+def test_a_verdict_is_reused_until_sglangs_parser_changes(tmp_path: Path) -> None:
+    # An SGLang whose parser knows one flag, and an interpreter that notes each time it runs.
+    parser_file = tmp_path / "site" / "sglang" / "srt" / "server_args.py"
+    parser_file.parent.mkdir(parents=True)
+    for package in (parser_file.parent.parent, parser_file.parent):
+        (package / "__init__.py").write_text("")
+    known = 'class ServerArgs:\n    @staticmethod\n    def add_cli_args(p):\n        p.add_argument("--model-path")\n'
+    parser_file.write_text(known)
+    runs_log = tmp_path / "runs.log"
+    python = tmp_path / "python-noting"
+    python.write_text(f'#!/bin/sh\necho ran >> {runs_log}\nexec {sys.executable} "$@"\n')
+    python.chmod(0o755)
+    env = {"PYTHONPATH": str(tmp_path / "site")}
+    command = [str(python), "-m", "sglang.launch_server", "--model-path", "m", "--tp", "2"]
+
+    def ran() -> int:
+        return len(runs_log.read_text().splitlines()) if runs_log.exists() else 0
+
+    first = serve_flags.check(command, env)
+    assert first is not None and "unrecognized arguments: --tp 2" in first["message"] and ran() == 1
+    assert serve_flags.check(command, env) == first and ran() == 1  # the same flags: not parsed again
+    assert serve_flags.check(command[:-2], env) is None and ran() == 2  # other flags are
+    assert serve_flags.check(command, {**env, "SGLANG_X": "1"}) == first and ran() == 3  # so is another env
+    parser_file.write_text(known + '        p.add_argument("--tp")\n')  # SGLang upgraded
+    assert serve_flags.check(command, env) is None and ran() == 4
+    assert serve_flags.check(command, env) is None and ran() == 4
+    without = {"PYTHONPATH": str(tmp_path)}
+    for expected_runs in (5, 6):  # no verdict to keep: asked again each time
+        assert serve_flags.check(command, without) is not None and ran() == expected_runs
+
+
+def test_a_refusal_quoting_a_secret_is_kept_masked(tmp_path: Path) -> None:
+    parser_file = tmp_path / "sglang" / "srt" / "server_args.py"
+    parser_file.parent.mkdir(parents=True)
+    for package in (parser_file.parent.parent, parser_file.parent):
+        (package / "__init__.py").write_text("")
+    parser_file.write_text("class ServerArgs:\n    @staticmethod\n    def add_cli_args(p):\n        pass\n")
+    finding = serve_flags.check([*SERVER, "--my-api-key", "sk-live-42"], {"PYTHONPATH": str(tmp_path)})
+    assert finding is not None and "sk-live-42" not in finding["message"] and "--my-api-key ***" in finding["message"]
+    assert "sk-live-42" not in serve_flags.cache_file().read_text()
+
+
 @needs_parser
 def test_a_launch_with_a_flag_sglang_refuses_starts_nothing_unless_forced(cli: CLI, workdir: Path) -> None:
     bad = [*SERVER, "--model-path", "/nowhere", "--disable-cuda-graphs"]
