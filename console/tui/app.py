@@ -45,6 +45,8 @@ CURVES = (
     ("loss", "val_loss", "accept_len", "tokens_per_s"),
     ("acc_0", "val_acc_0", "val_sim_accept_len", "gen_throughput", "samples"),
 )
+# What each kind of run is expected to plot, named before its first row arrives.
+EXPECTED_CURVES = {"serve": ("accept_len", "gen_throughput"), "extract": ("tokens_per_s", "samples")}
 
 
 class ConsoleApp(App[None]):
@@ -195,8 +197,9 @@ class ConsoleApp(App[None]):
         charts = [self.query_one("#curve-a", LineChart), self.query_one("#curve-b", LineChart)]
         log.clear()
         self.query_one("#progress", Static).update("")
-        for chart in charts:
-            chart.clear()
+        kind = self.runs[run_id]["kind"] if run_id in self.runs else ""
+        for chart, title in zip(charts, EXPECTED_CURVES.get(kind, ("loss", "acc_0")), strict=True):
+            chart.clear(title)
         await self.connected.wait()
         try:
             chunk = await self.client.request("logs", run=run_id, tail=LOG_TAIL_LINES)
