@@ -19,15 +19,3 @@ for w in 1 2; do
   echo "== extraction throughput, $w writer(s)"
   timeout 200 python3 -m benchmarks.extract_throughput --iters 3 --writers "$w" 2>&1 | tail -9
 done
-echo "== extraction with the target spread by device_map (--device auto) equals --device cuda"
-python3 -m backends.demo_target --out "$t/target" > /dev/null
-for device in cuda auto; do
-  timeout 200 python3 -m backends.extract --target "$t/target" --data demo --limit 64 --device "$device" \
-    --out "$t/extract-$device" 2>&1 | tail -1
-done
-python3 -c "
-import sys; from pathlib import Path; from backends.eagle3_contract import read_manifest, read_shard
-a, b = Path('$t/extract-cuda'), Path('$t/extract-auto')
-pairs = [(x, y) for sa, sb in zip(read_manifest(a).shards, read_manifest(b).shards) for x, y in zip(read_shard(a / sa.file), read_shard(b / sb.file))]
-diff = max(float((x[k].float() - y[k].float()).abs().max()) for x, y in pairs for k in ('hidden_state', 'aux_hidden_states'))
-print(f'{len(pairs)} samples; max |cuda - auto| = {diff}')"

@@ -31,40 +31,33 @@ import selectors
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 from benchmarks._common import print_table
 
 SETUP = "import time, torch\ntorch.cuda.init()\n"
+FLAG_SPIN = (
+    "import triton, triton.language as tl\n"
+    "@triton.jit\n"
+    "def wait(flag):\n"
+    "    while tl.load(flag, volatile=True) == 0:\n"
+    "        pass\n"
+    "f = torch.zeros(1, dtype=torch.int32, device='cuda')\n"
+    "wait[({blocks},)](f)\n"
+    "print('launched', flush=True)\n"
+    "torch.cuda.synchronize()\n"
+)
 WORKLOADS: dict[str, str] = {
     "idle": (
         "x = torch.empty(2**30, dtype=torch.uint8, device='cuda')\ntorch.cuda.synchronize()\n"
         "print('launched', flush=True)\ntime.sleep(3600)\n"
     ),
     "spin-clock": "torch.cuda._sleep(2**60)\nprint('launched', flush=True)\ntorch.cuda.synchronize()\n",
-    "spin-flag": (
-        "import triton, triton.language as tl\n"
-        "@triton.jit\n"
-        "def wait(flag):\n"
-        "    while tl.load(flag, volatile=True) == 0:\n"
-        "        pass\n"
-        "f = torch.zeros(1, dtype=torch.int32, device='cuda')\n"
-        "wait[(1,)](f)\n"
-        "print('launched', flush=True)\n"
-        "torch.cuda.synchronize()\n"
-    ),
-    "spin-flag-32": (
-        "import triton, triton.language as tl\n"
-        "@triton.jit\n"
-        "def wait(flag):\n"
-        "    while tl.load(flag, volatile=True) == 0:\n"
-        "        pass\n"
-        "f = torch.zeros(1, dtype=torch.int32, device='cuda')\n"
-        "wait[(32,)](f)\n"
-        "print('launched', flush=True)\n"
-        "torch.cuda.synchronize()\n"
-    ),
+    "spin-flag": FLAG_SPIN.format(blocks=1),
+    "spin-flag-32": FLAG_SPIN.format(blocks=32),
     "graph-tiny": (
         "x = torch.zeros(64, device='cuda')\ng = torch.cuda.CUDAGraph()\n"
         "s = torch.cuda.Stream()\ns.wait_stream(torch.cuda.current_stream())\n"
@@ -169,9 +162,12 @@ def main() -> int:
         gpm = None
     rows = []
     for name, body in WORKLOADS.items():
-        child = subprocess.Popen(
-            [sys.executable, "-c", SETUP + body], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-        )
+        # A file, not -c: Triton reads its kernels' source. Not named after the workload: copy.py
+        # would stand in for the standard library's copy module.
+        script = Path(tempfile.mkdtemp()) / f"workload_{name.replace('-', '_')}.py"
+        script.write_text(SETUP + body)
+        argv = [sys.executable, str(script)]
+        child = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         if not launched(child):
             child.kill()
             why = (child.stderr.read() if child.stderr else "").strip()[-100:]
