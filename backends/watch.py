@@ -101,6 +101,7 @@ class GpuLoad:
 
     util: int | None  # % of time a kernel ran
     mem_util: int | None  # % of time memory was read or written
+    pids: frozenset[int] = frozenset()  # the run's processes on it
 
     @property
     def idle(self) -> bool:
@@ -121,22 +122,27 @@ class Activity:
     gpus: dict[int, GpuLoad]  # GPU index -> its load, for GPUs holding a run process
 
 
-def busiest_cpu_percent(old: Activity, new: Activity) -> float:
+def busiest_cpu_percent(old: Activity, new: Activity, leaving_out: frozenset[int] = frozenset()) -> float:
     """The highest CPU use of one process between two samples, in percent of one core."""
     seconds = max(new.at - old.at, 1e-6)
-    deltas = [new.cpu_ticks[pid] - old.cpu_ticks.get(pid, 0) for pid in new.cpu_ticks]
+    deltas = [new.cpu_ticks[pid] - old.cpu_ticks.get(pid, 0) for pid in new.cpu_ticks if pid not in leaving_out]
     return 100.0 * max(deltas, default=0) / CLOCK_TICKS / seconds
 
 
 def sitting_still(samples: list[Activity]) -> str | None:
     """How the run sat still across the samples: "idle" (no process used the CPU, no GPU of the
-    run was busy), "spinning" (its GPUs held by kernels that do no work, whatever the CPU does:
-    a host waiting on such a kernel spins too), or None when it worked."""
+    run was busy), "spinning" (its GPUs held by kernels that do no work, and every process not
+    waiting on such a kernel idle: the waiting ones spin on the CPU too), or None when it worked.
+    A rank busy on the CPU while the others wait (a slow data loader) is work, not a hang."""
+    first, last = samples[0], samples[-1]
     loads = [load for sample in samples for load in sample.gpus.values()]
-    if all(load.idle for load in loads) and busiest_cpu_percent(samples[0], samples[-1]) < IDLE_CPU_PERCENT:
+    if all(load.idle for load in loads) and busiest_cpu_percent(first, last) < IDLE_CPU_PERCENT:
         return "idle"
     spun = all(any(load.spinning for load in sample.gpus.values()) for sample in samples)
-    return "spinning" if spun and all(load.idle or load.spinning for load in loads) else None
+    if not spun or not all(load.idle or load.spinning for load in loads):
+        return None
+    waiting = frozenset(pid for load in loads if load.spinning for pid in load.pids)
+    return "spinning" if busiest_cpu_percent(first, last, leaving_out=waiting) < IDLE_CPU_PERCENT else None
 
 
 @dataclass
@@ -283,9 +289,9 @@ class RunWatcher:
         if self.sampler is None:
             return {}
         return {
-            gpu["index"]: GpuLoad(gpu["util"], gpu["mem_util"])
+            gpu["index"]: GpuLoad(gpu["util"], gpu["mem_util"], frozenset(mine))
             for gpu in self.sampler.sample()
-            if any(p["pid"] in members for p in gpu["processes"])
+            if (mine := [p["pid"] for p in gpu["processes"] if p["pid"] in members])
         }
 
     def _stalled(

@@ -240,38 +240,45 @@ def first_child(pid: int) -> int | None:
     return int(found[0]) if found else None
 
 
-def load(util: int | None, mem_util: int | None = 0) -> watch.GpuLoad:
-    return watch.GpuLoad(util, mem_util)
+RANK0, RANK1 = 101, 102  # the run's two processes, on GPU 0 and GPU 1 when they hold one
 
 
-def sample(at: float, cpu_ticks: int, *gpus: watch.GpuLoad) -> watch.Activity:
-    return watch.Activity(at, {1: cpu_ticks}, dict(enumerate(gpus)))
+def load(util: int | None, mem_util: int | None = 0, *pids: int) -> watch.GpuLoad:
+    return watch.GpuLoad(util, mem_util, frozenset(pids))
+
+
+def sample(at: float, ticks: tuple[int, int], *gpus: watch.GpuLoad) -> watch.Activity:
+    return watch.Activity(at, {RANK0: ticks[0], RANK1: ticks[1]}, dict(enumerate(gpus)))
 
 
 def test_a_run_sits_still_when_idle_or_when_its_gpus_only_spin() -> None:
-    idle_cpu, busy_cpu = (0, 2), (0, 2000)  # ticks at t=0 and t=20 s: 0.1% and 100% of a core
-    matmul, spin = load(97, 23), load(100, 0)
+    # CPU ticks of (rank 0, rank 1) over 20 s: 0.1% or 100% of a core.
+    idle, rank0_busy, rank1_busy = (2, 2), (2000, 2), (2, 2000)
+    matmul, spin = load(97, 23, RANK0), load(100, 0, RANK0)
     cases: list[tuple[list[watch.GpuLoad], tuple[int, int], str | None]] = [
-        ([load(0)], idle_cpu, "idle"),
-        ([], idle_cpu, "idle"),
-        ([load(None, None)], idle_cpu, "idle"),
-        ([], busy_cpu, None),
-        ([load(0)], busy_cpu, None),
-        ([spin], busy_cpu, "spinning"),
-        ([spin, load(0)], idle_cpu, "spinning"),
-        ([spin, matmul], idle_cpu, None),
-        ([matmul], idle_cpu, None),
-        ([load(100, None)], idle_cpu, None),  # no memory figure: never a spin
-        ([load(89)], idle_cpu, None),
+        ([load(0, 0, RANK0)], idle, "idle"),
+        ([], idle, "idle"),
+        ([load(None, None, RANK0)], idle, "idle"),
+        ([], rank0_busy, None),
+        ([load(0, 0, RANK0)], rank1_busy, None),
+        ([spin], rank0_busy, "spinning"),  # the host waiting on its GPU spins too
+        ([spin, load(0, 0, RANK1)], idle, "spinning"),  # rank 1 asleep: it will never join
+        ([spin, load(0, 0, RANK1)], rank1_busy, None),  # rank 1 still working (a slow loader): not a hang
+        ([spin], rank1_busy, None),
+        ([spin, matmul], idle, None),
+        ([matmul], idle, None),
+        ([load(100, None, RANK0)], idle, None),  # no memory figure: never a spin
+        ([load(89, 0, RANK0)], idle, None),
     ]
-    for gpus, (before, after), expected in cases:
-        samples = [sample(0, before, *gpus), sample(10, (before + after) // 2, *gpus), sample(20, after, *gpus)]
-        assert watch.sitting_still(samples) == expected, (gpus, before, after)
+    for gpus, ticks, expected in cases:
+        middle = (ticks[0] // 2, ticks[1] // 2)
+        samples = [sample(0, (0, 0), *gpus), sample(10, middle, *gpus), sample(20, ticks, *gpus)]
+        assert watch.sitting_still(samples) == expected, (gpus, ticks)
 
 
 def test_one_sample_of_real_work_in_the_window_is_not_a_spin() -> None:
-    spin = load(100, 0)
-    samples = [sample(0, 0, spin), sample(10, 1000, load(98, 40)), sample(20, 2000, spin)]
+    spin = load(100, 0, RANK0)
+    samples = [sample(0, (0, 0), spin), sample(10, (1000, 0), load(98, 40, RANK0)), sample(20, (2000, 0), spin)]
     assert watch.sitting_still(samples) is None
 
 
