@@ -6,6 +6,7 @@
 #    figures of a real NCCL spin in its stalled event and the wait in its stacks.
 # 2. The trainer under torchrun on 2 GPUs (DDP over NCCL): 30 steps, checkpoint, doctor.
 # 3. Extraction with the target spread over both GPUs (--device auto) equals --device cuda.
+# Usage: bash benchmarks/multi_gpu_check.sh [hang|train|extract]... (default: all three)
 set -u
 export PYTHONPATH=. PYTHONUNBUFFERED=1
 t=$(mktemp -d)
@@ -28,6 +29,8 @@ else:
     time.sleep(3600)
 EOF
 c() { python3 -m console --workdir "$t/work" local "$@"; }
+
+hang() {
 echo "== NCCL hang: 2 ranks, rank 1 never joins the second all_reduce"
 run=$(c launch train --gpus 0,1 --stall-after "$stall_after" -- python3 -m torch.distributed.run \
   --nproc-per-node 2 "$t/hang.py")
@@ -56,7 +59,9 @@ print("\n".join(l for l in stack.splitlines() if "all_reduce" in l or "synchroni
 EOF
 nvidia-smi --query-gpu=index,utilization.gpu,utilization.memory,power.draw --format=csv,noheader
 c kill "$run" --grace 2 > /dev/null
+}
 
+train() {
 echo "== trainer under torchrun, 2 GPUs (DDP over NCCL)"
 python3 -c "from pathlib import Path; from tests.train_fixtures import write_target, write_extraction; \
 write_extraction(Path('$t/d'), write_target(Path('$t/t')))"
@@ -64,7 +69,9 @@ timeout 300 python3 -m torch.distributed.run --nproc-per-node 2 -m backends.trai
   --draft-vocab-size 48 --val-samples 4 --batch-size 8 --lr 3e-3 --log-every 10 --eval-every 15 --steps 30 \
   --out "$t/o" 2>&1 | grep -v "^W\|^\*\|OMP_NUM" | tail -5
 python3 -m backends.doctor "$t/o/final" --target "$t/t" --data "$t/d" | tail -2
+}
 
+extract() {
 echo "== extraction with the target spread over 2 GPUs (--device auto) equals --device cuda"
 python3 -m backends.demo_target --out "$t/target" > /dev/null
 for device in cuda auto; do
@@ -81,3 +88,8 @@ a, b = Path('$t/extract-cuda'), Path('$t/extract-auto')
 pairs = [(x, y) for sa, sb in zip(read_manifest(a).shards, read_manifest(b).shards) for x, y in zip(read_shard(a / sa.file), read_shard(b / sb.file))]
 diff = max(float((x[k].float() - y[k].float()).abs().max()) for x, y in pairs for k in ('hidden_state', 'aux_hidden_states'))
 print(f'{len(pairs)} samples; max |cuda - auto| = {diff}')"
+}
+
+for part in "${@:-hang train extract}"; do
+  for step in $part; do "$step"; done
+done

@@ -248,7 +248,9 @@ def make_transport(ns: argparse.Namespace, trust_new_key: TrustNewKey | None = N
 
 def terminal_trust(ns: argparse.Namespace) -> TrustNewKey | None:
     """Who trusts a new host key for a command: the flag, else the person at the terminal, else nobody."""
-    from console import host_keys
+    if ns.host == "local":
+        return None
+    from console import host_keys  # asyncssh is needed only to reach another host
 
     if ns.accept_new_host_key:
         return host_keys.accept_and_say

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -59,6 +60,18 @@ def test_launch_logs_metrics_status_round_trip(cli: CLI, workdir: Path) -> None:
     assert b"step" in table.stdout and b"4.9" in table.stdout
     last = cli("metrics", run_id, "--tail", "1").stdout.decode().splitlines()
     assert last[0].split() == ["step", "loss"] and last[1].split() == ["2", "4.9"]
+
+
+def test_the_local_host_needs_no_ssh_library(workdir: Path, nvml_state: Path) -> None:
+    # A GPU host runs `local` commands (benchmarks, scripts) where asyncssh is not installed.
+    script = (
+        "import sys; sys.modules['asyncssh'] = None\n"  # any import of it now fails
+        "from console.cli import main\n"
+        f"sys.exit(main(['--workdir', {str(workdir)!r}, 'local', 'status']))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    assert "no runs yet" in done.stdout
 
 
 def test_status_table_and_json_shape(cli: CLI) -> None:
