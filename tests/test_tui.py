@@ -9,6 +9,8 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+from textual.message import Message
+from textual.notifications import Notification, Notify
 from textual.pilot import Pilot
 from textual.widgets import HelpPanel, RichLog, Static
 
@@ -88,6 +90,28 @@ async def test_runs_gpus_details_log_and_curves_appear(workdir: Path, nvml_state
         log = app.query_one(RichLog)
         await until(pilot, lambda: any("trained" in line.text for line in log.lines), what="the log")
         await pilot.press("q")
+
+
+async def test_a_run_that_changes_state_says_so_wherever_the_cursor_is(workdir: Path, nvml_state: Path) -> None:
+    done = await launch(workdir, [sys.executable, "-c", "print('done')"], name="earlier")
+    notes: list[Notification] = []
+
+    def hook(message: Message) -> None:
+        if isinstance(message, Notify):
+            notes.append(message.notification)
+
+    app = ConsoleApp(LocalTransport(workdir))
+    async with app.run_test(size=(160, 50), message_hook=hook) as pilot:
+        table = app.query_one(RunsTable)
+        await until(pilot, lambda: table.row_count == 1 and app.runs[done]["state"] == "exited", what="the runs")
+        script = "import sys, time\ntime.sleep(3)\nsys.exit(3)"
+        failing = await launch(workdir, [sys.executable, "-c", script], name="doomed")
+        await until(pilot, lambda: app.states is not None and app.states.get(failing) == "running", what="running")
+        table.move_cursor(row=0)  # looking at another run
+        await until(pilot, lambda: bool(notes), what="the flash")
+        await pilot.press("q")
+    [note] = notes  # the run that had ended before the console opened is not news
+    assert note.severity == "error" and "doomed" in note.message and "running → failed" in note.message
 
 
 async def test_kill_asks_first_with_cancel_focused_and_kills_only_on_yes(workdir: Path, nvml_state: Path) -> None:

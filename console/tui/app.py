@@ -20,6 +20,7 @@ from textual import on, work
 from textual.app import App, ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, Vertical
+from textual.notifications import SeverityLevel
 from textual.widgets import DataTable, Footer, Header, HelpPanel, RichLog, Static
 
 from console import render
@@ -45,6 +46,17 @@ CURVES = (
     ("loss", "val_loss", "accept_len", "tokens_per_s"),
     ("acc_0", "val_acc_0", "val_sim_accept_len", "gen_throughput", "samples"),
 )
+# A run that changes into one of these states says so wherever the cursor is (k9s's flash), with
+# how loudly; errors and stalls stay up longer.
+ANNOUNCED: dict[str, SeverityLevel] = {
+    "ready": "information",
+    "exited": "information",
+    "killed": "information",
+    "stalled": "warning",
+    "failed": "error",
+    "lost": "error",
+}
+LOUD_TIMEOUT_S = 15.0
 # What each kind of run is expected to plot, named before its first row arrives.
 EXPECTED_CURVES = {"serve": ("accept_len", "gen_throughput"), "extract": ("tokens_per_s", "samples")}
 
@@ -75,6 +87,7 @@ class ConsoleApp(App[None]):
         self.lost: tuple[float, str] | None = None  # when the link was lost, and why
         self.generation = 0  # connections made so far: a follower resubscribes on the next one
         self.status_failed = False  # the last status request was refused (its banner is up)
+        self.states: dict[str, str] | None = None  # each run's state at the last poll (None: none yet)
 
     def compose(self) -> ComposeResult:
         yield Header()
@@ -163,11 +176,30 @@ class ConsoleApp(App[None]):
         link.update(text or "")
 
     def show_status(self, status: dict[str, Any]) -> None:
+        self.announce_changes(status["runs"])
         self.runs = {run["id"]: run for run in status["runs"]}
         with self.batch_update():
             self.query_one(RunsTable).show(status["runs"], status.get("gpus") or [])
             self.query_one(GpuPanel).show(status)
             self.show_selected()
+
+    def announce_changes(self, runs: list[dict[str, Any]]) -> None:
+        """Say which runs changed state since the last poll (not what the first poll finds)."""
+        if self.states is not None:
+            for run in runs:
+                before, now = self.states.get(run["id"]), run["state"]
+                if before is None or before == now or now not in ANNOUNCED:
+                    continue
+                severity = ANNOUNCED[now]
+                why = f" in {run['phase']}" if now == "stalled" and run.get("phase") else ""
+                if now == "failed" and run.get("diagnoses"):
+                    why = f": {run['diagnoses'][0]['code']}"
+                self.notify(
+                    f"{run['name']} ({run['id']}): {before} → {now}{why}",
+                    severity=severity,
+                    timeout=LOUD_TIMEOUT_S if severity != "information" else None,
+                )
+        self.states = {run["id"]: run["state"] for run in runs}
 
     def select_run(self, run_id: str) -> None:
         table = self.query_one(RunsTable)
