@@ -12,6 +12,7 @@ import base64
 import json
 import os
 import sys
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
@@ -120,6 +121,9 @@ def build_parser() -> Parser:
     )
     p.add_argument("--force", action="store_true", help="launch even when doctor finds errors in the draft")
     p.add_argument("--json", action="store_true")
+
+    p = sub.add_parser("watch", help="print every run's changes of state as they happen, until Ctrl-C")
+    p.add_argument("--interval", type=positive, default=2.0, help="seconds between looks (default 2)")
 
     p = sub.add_parser("stacks", help="every process's stack of a run: the latest dump, or a fresh one with --now")
     p.add_argument("run", metavar="RUN", help="run id, unique id prefix, or name")
@@ -373,6 +377,33 @@ def write_log(data_b64: str) -> None:
     sys.stdout.buffer.flush()
 
 
+async def cmd_watch(client: AgentClient, ns: argparse.Namespace, _: list[str]) -> int:
+    """Each run's changes of state, one timed line each, across lost connections, until Ctrl-C."""
+    states: dict[str, str] | None = None
+    while True:
+        try:
+            runs = (await client.request("status", gpus=False))["runs"]
+        except TransportError as exc:
+            note(f"connection lost ({exc}); reconnecting")
+            lost = time.monotonic()
+            await client.reconnect_until_back(lambda _exc: None)
+            note(f"reconnected after {time.monotonic() - lost:.0f} s; changes meanwhile follow")
+            continue
+        if states is None:
+            live = sum(run["state"] in ("starting", "running", "ready", "stalled") for run in runs)
+            note(f"watching {len(runs)} runs ({live} live); Ctrl-C to stop")
+            for line in render.run_notes([run for run in runs if run["state"] == "stalled"]):
+                out(f"{render.clock(time.time())} {line}")
+        else:
+            by_id = {run["id"]: run for run in runs}
+            for change in render.state_changes(states, runs):
+                out(f"{render.clock(time.time())} {change.text}")
+                for line in render.run_notes([by_id[change.run_id]]):  # where the stacks are, what to try
+                    out(f"    {line}")
+        states = {run["id"]: run["state"] for run in runs}
+        await asyncio.sleep(ns.interval)
+
+
 async def cmd_logs(client: AgentClient, ns: argparse.Namespace, _: list[str]) -> int:
     if ns.tail is not None and ns.tail < 0:
         raise UsageError("--tail needs a count of lines, 0 or more")
@@ -529,6 +560,7 @@ async def cmd_convert(client: AgentClient, ns: argparse.Namespace, _: list[str])
 
 
 COMMANDS: dict[str, Command] = {
+    "watch": cmd_watch,
     "doctor": cmd_doctor,
     "convert": cmd_convert,
     "extract": cmd_stage,

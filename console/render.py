@@ -6,7 +6,8 @@ import re
 import shlex
 import time
 from collections.abc import Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal
 
 from backends.serve_flags import server_command
 
@@ -94,6 +95,41 @@ def stall_text(run: dict[str, Any]) -> str:
         f"stalled{where} since {clock(run.get('stalled_since'))}: {how}; "
         f"stacks: runs/{run['id']}/{dumps[-1] if dumps else '(none)'}"
     )
+
+
+# State changes worth telling a person who looks elsewhere, and how loudly (Textual's severities).
+Severity = Literal["information", "warning", "error"]
+ANNOUNCED: dict[str, Severity] = {
+    "ready": "information",
+    "exited": "information",
+    "killed": "information",
+    "stalled": "warning",
+    "failed": "error",
+    "lost": "error",
+}
+
+
+@dataclass(frozen=True)
+class StateChange:
+    run_id: str
+    text: str  # `name (id): running → stalled in load-weights`
+    severity: Severity | None  # None: a step on the way (starting → running), not news
+
+
+def state_changes(before: dict[str, str], runs: list[dict[str, Any]]) -> list[StateChange]:
+    """What changed since `before` (run id -> state): new runs and every change of state."""
+    changes: list[StateChange] = []
+    for run in runs:
+        was, now = before.get(run["id"]), run["state"]
+        if was == now:
+            continue
+        why = f" in {run['phase']}" if now == "stalled" and run.get("phase") else ""
+        if now == "failed" and run.get("diagnoses"):
+            why = f": {run['diagnoses'][0]['code']}"
+        move = f"{was} → {now}" if was is not None else f"new {run['kind']} run, {now}"
+        severity = ANNOUNCED.get(now) if was is not None else None
+        changes.append(StateChange(run["id"], f"{run['name']} ({run['id']}): {move}{why}", severity))
+    return changes
 
 
 def run_notes(runs: list[dict[str, Any]]) -> list[str]:

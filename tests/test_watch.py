@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import itertools
 import json
+import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -280,6 +282,35 @@ def test_one_sample_of_real_work_in_the_window_is_not_a_spin() -> None:
     spin = load(100, 0, RANK0)
     samples = [sample(0, (0, 0), spin), sample(10, (1000, 0), load(98, 40, RANK0)), sample(20, (2000, 0), spin)]
     assert watch.sitting_still(samples) is None
+
+
+def test_watch_prints_each_change_of_state_with_what_to_look_at(cli: CLI, workdir: Path) -> None:
+    ended = launch(cli, "command", "--name", "earlier", "--", sys.executable, "-c", "pass")
+    wait_state(cli, ended, {"exited"})
+    command = [sys.executable, "-m", "console", "--workdir", str(workdir), "local", "watch", "--interval", "0.5"]
+    watcher = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert watcher.stderr is not None
+    first = watcher.stderr.readline()  # it has looked once: what it found is not news
+    try:
+        script = "import time\nprint('Load weight begin.', flush=True)\ntime.sleep(60)"
+        run_id = launch(cli, "serve", "--name", "hangs", "--stall-after", "2", "--", sys.executable, "-c", script)
+        wait_state(cli, run_id, {"stalled"}, timeout=30)
+        time.sleep(1.5)
+        cli("kill", run_id, "--grace", "1")
+        wait_state(cli, run_id, {"killed"})
+        time.sleep(1.5)
+    finally:
+        watcher.send_signal(signal.SIGINT)
+        out, err = watcher.communicate(timeout=30)
+    assert watcher.returncode == 0, err
+    assert "watching 1 runs (0 live)" in first and err == ""
+    lines = out.splitlines()
+    moves = [line.split(": ", 1)[1] for line in lines if f"hangs ({run_id})" in line]
+    assert moves[0].startswith("new serve run") and moves[-1] == "stalled → killed"
+    assert "running → stalled in load-weights" in moves
+    stall = lines[lines.index(next(line for line in lines if "→ stalled" in line)) + 1]
+    assert stall.startswith(f"    run {run_id} stalled in load-weights") and "stacks: runs/" in stall
+    assert "earlier" not in out  # an ended run that did not change is not news
 
 
 def test_output_after_a_stall_resumes_the_run(cli: CLI, workdir: Path) -> None:

@@ -20,7 +20,6 @@ from textual import on, work
 from textual.app import App, ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, Vertical
-from textual.notifications import SeverityLevel
 from textual.widgets import DataTable, Footer, Header, HelpPanel, RichLog, Static
 
 from console import render
@@ -46,17 +45,7 @@ CURVES = (
     ("loss", "val_loss", "accept_len", "tokens_per_s"),
     ("acc_0", "val_acc_0", "val_sim_accept_len", "gen_throughput", "samples"),
 )
-# A run that changes into one of these states says so wherever the cursor is (k9s's flash), with
-# how loudly; errors and stalls stay up longer.
-ANNOUNCED: dict[str, SeverityLevel] = {
-    "ready": "information",
-    "exited": "information",
-    "killed": "information",
-    "stalled": "warning",
-    "failed": "error",
-    "lost": "error",
-}
-LOUD_TIMEOUT_S = 15.0
+LOUD_TIMEOUT_S = 15.0  # errors and stalls stay up longer than news
 # What each kind of run is expected to plot, named before its first row arrives.
 EXPECTED_CURVES = {"serve": ("accept_len", "gen_throughput"), "extract": ("tokens_per_s", "samples")}
 
@@ -186,19 +175,10 @@ class ConsoleApp(App[None]):
     def announce_changes(self, runs: list[dict[str, Any]]) -> None:
         """Say which runs changed state since the last poll (not what the first poll finds)."""
         if self.states is not None:
-            for run in runs:
-                before, now = self.states.get(run["id"]), run["state"]
-                if before is None or before == now or now not in ANNOUNCED:
-                    continue
-                severity = ANNOUNCED[now]
-                why = f" in {run['phase']}" if now == "stalled" and run.get("phase") else ""
-                if now == "failed" and run.get("diagnoses"):
-                    why = f": {run['diagnoses'][0]['code']}"
-                self.notify(
-                    f"{run['name']} ({run['id']}): {before} → {now}{why}",
-                    severity=severity,
-                    timeout=LOUD_TIMEOUT_S if severity != "information" else None,
-                )
+            for change in render.state_changes(self.states, runs):
+                if change.severity is not None:
+                    timeout = LOUD_TIMEOUT_S if change.severity != "information" else None
+                    self.notify(change.text, severity=change.severity, timeout=timeout)
         self.states = {run["id"]: run["state"] for run in runs}
 
     def select_run(self, run_id: str) -> None:
