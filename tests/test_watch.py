@@ -313,6 +313,25 @@ def test_watch_prints_each_change_of_state_with_what_to_look_at(cli: CLI, workdi
     assert "earlier" not in out  # an ended run that did not change is not news
 
 
+def test_watch_goes_on_across_a_lost_agent(cli: CLI, workdir: Path) -> None:
+    command = [sys.executable, "-m", "console", "--workdir", str(workdir), "local", "watch", "--interval", "0.5"]
+    watcher = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert watcher.stderr is not None
+    watcher.stderr.readline()
+    try:
+        agent = f"backends.agent --workdir {workdir}"
+        subprocess.run(["pkill", "-KILL", "-f", agent], check=True)  # the link is gone
+        time.sleep(1)
+        run_id = launch(cli, "command", "--name", "meanwhile", "--", sys.executable, "-c", "pass")
+        wait_state(cli, run_id, {"exited"})
+        time.sleep(3)
+    finally:
+        watcher.send_signal(signal.SIGINT)
+        out, err = watcher.communicate(timeout=30)
+    assert "connection lost" in err and "reconnected after" in err
+    assert f"meanwhile ({run_id}): new command run" in out
+
+
 def test_output_after_a_stall_resumes_the_run(cli: CLI, workdir: Path) -> None:
     script = "import time\nprint('loading', flush=True)\ntime.sleep(6)\nprint('loaded', flush=True)\ntime.sleep(60)"
     run_id = launch(cli, "extract", "--stall-after", "2", "--", sys.executable, "-c", script)
