@@ -284,13 +284,27 @@ def test_one_sample_of_real_work_in_the_window_is_not_a_spin() -> None:
     assert watch.sitting_still(samples) is None
 
 
+class Watcher:
+    """`eagle3-console local watch` as a user runs it, once it has looked (what it found then is not news)."""
+
+    def __init__(self, workdir: Path) -> None:
+        command = [sys.executable, "-m", "console", "--workdir", str(workdir), "local", "watch", "--interval", "0.5"]
+        self.process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        assert self.process.stderr is not None
+        self.first = self.process.stderr.readline()
+
+    def stop(self) -> tuple[str, str]:
+        """Ctrl-C; what it printed (stdout, the rest of stderr)."""
+        self.process.send_signal(signal.SIGINT)
+        out, err = self.process.communicate(timeout=30)
+        assert self.process.returncode == 0, err
+        return out, err
+
+
 def test_watch_prints_each_change_of_state_with_what_to_look_at(cli: CLI, workdir: Path) -> None:
     ended = launch(cli, "command", "--name", "earlier", "--", sys.executable, "-c", "pass")
     wait_state(cli, ended, {"exited"})
-    command = [sys.executable, "-m", "console", "--workdir", str(workdir), "local", "watch", "--interval", "0.5"]
-    watcher = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    assert watcher.stderr is not None
-    first = watcher.stderr.readline()  # it has looked once: what it found is not news
+    watcher = Watcher(workdir)
     try:
         script = "import time\nprint('Load weight begin.', flush=True)\ntime.sleep(60)"
         run_id = launch(cli, "serve", "--name", "hangs", "--stall-after", "2", "--", sys.executable, "-c", script)
@@ -300,10 +314,8 @@ def test_watch_prints_each_change_of_state_with_what_to_look_at(cli: CLI, workdi
         wait_state(cli, run_id, {"killed"})
         time.sleep(1.5)
     finally:
-        watcher.send_signal(signal.SIGINT)
-        out, err = watcher.communicate(timeout=30)
-    assert watcher.returncode == 0, err
-    assert "watching 1 runs (0 live)" in first and err == ""
+        out, err = watcher.stop()
+    assert "watching 1 runs (0 live)" in watcher.first and err == ""
     lines = out.splitlines()
     moves = [line.split(": ", 1)[1] for line in lines if f"hangs ({run_id})" in line]
     assert moves[0].startswith("new serve run") and moves[-1] == "stalled → killed"
@@ -314,10 +326,7 @@ def test_watch_prints_each_change_of_state_with_what_to_look_at(cli: CLI, workdi
 
 
 def test_watch_goes_on_across_a_lost_agent(cli: CLI, workdir: Path) -> None:
-    command = [sys.executable, "-m", "console", "--workdir", str(workdir), "local", "watch", "--interval", "0.5"]
-    watcher = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    assert watcher.stderr is not None
-    watcher.stderr.readline()
+    watcher = Watcher(workdir)
     try:
         agent = f"backends.agent --workdir {workdir}"
         subprocess.run(["pkill", "-KILL", "-f", agent], check=True)  # the link is gone
@@ -326,8 +335,7 @@ def test_watch_goes_on_across_a_lost_agent(cli: CLI, workdir: Path) -> None:
         wait_state(cli, run_id, {"exited"})
         time.sleep(3)
     finally:
-        watcher.send_signal(signal.SIGINT)
-        out, err = watcher.communicate(timeout=30)
+        out, err = watcher.stop()
     assert "connection lost" in err and "reconnected after" in err
     assert f"meanwhile ({run_id}): new command run" in out
 
