@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from backends.doctor import format_result
 from backends.metrics_sources import parse_source
-from backends.protocol import RUN_KINDS, SIGNAL_NAMES
+from backends.protocol import RUN_KINDS, SIGNAL_NAMES, TERMINAL_STATES
 from backends.sglang_facts import DEFAULT_PORT, SERVER_MODULES
 from console import render
 from console.client import PAST_END, AgentClient, AgentError, follow
@@ -390,7 +390,7 @@ async def cmd_watch(client: AgentClient, ns: argparse.Namespace, _: list[str]) -
             note(f"reconnected after {time.monotonic() - lost:.0f} s; changes meanwhile follow")
             continue
         if states is None:
-            live = sum(run["state"] in ("starting", "running", "ready", "stalled") for run in runs)
+            live = sum(run["state"] not in TERMINAL_STATES for run in runs)
             note(f"watching {len(runs)} runs ({live} live); Ctrl-C to stop")
             for line in render.run_notes([run for run in runs if run["state"] == "stalled"]):
                 out(f"{render.clock(time.time())} {line}")

@@ -22,6 +22,7 @@ from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, Vertical
 from textual.widgets import DataTable, Footer, Header, HelpPanel, RichLog, Static
 
+from backends.protocol import TERMINAL_STATES
 from console import render
 from console.client import PAST_END, AgentClient, AgentError
 from console.transport import Transport, TransportError
@@ -263,7 +264,7 @@ class ConsoleApp(App[None]):
 
     def action_kill(self) -> None:
         run = self.selected()
-        if run is None or run["state"] not in ("starting", "running", "ready", "stalled"):
+        if run is None or run["state"] in TERMINAL_STATES:
             self.notify("select a live run to kill", severity="warning")
             return
         question = f"Send SIGTERM to run {run['id']} ({run['name']}, pid {run['pid']})?"
@@ -343,7 +344,7 @@ class ConsoleApp(App[None]):
         if run is None:
             self.notify("select a run", severity="warning")
             return
-        live = run["state"] in ("starting", "running", "ready", "stalled")
+        live = run["state"] not in TERMINAL_STATES
         try:
             result = await self.client.request("stacks", run=run["id"], now=live)
         except (AgentError, TransportError) as exc:
