@@ -289,14 +289,24 @@ class Watcher:
 
     def __init__(self, workdir: Path) -> None:
         command = [sys.executable, "-m", "console", "--workdir", str(workdir), "local", "watch", "--interval", "0.5"]
-        self.process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.process = subprocess.Popen(
+            command,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            # Ctrl-C as at a terminal, even when these tests run in the background (where SIGINT is ignored).
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        )
         assert self.process.stderr is not None
         self.first = self.process.stderr.readline()
 
     def stop(self) -> tuple[str, str]:
         """Ctrl-C; what it printed (stdout, the rest of stderr)."""
         self.process.send_signal(signal.SIGINT)
-        out, err = self.process.communicate(timeout=30)
+        try:
+            out, err = self.process.communicate(timeout=30)
+        finally:
+            self.process.kill()  # nothing left behind, whatever happened
         assert self.process.returncode == 0, err
         return out, err
 
