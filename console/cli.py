@@ -124,6 +124,9 @@ def build_parser() -> Parser:
 
     p = sub.add_parser("watch", help="print every run's changes of state as they happen, until Ctrl-C")
     p.add_argument("--interval", type=positive, default=2.0, help="seconds between looks (default 2)")
+    p.add_argument(
+        "--json", action="store_true", help="one JSON object per change: t, from, to, and the run as status gives it"
+    )
 
     p = sub.add_parser("stacks", help="every process's stack of a run: the latest dump, or a fresh one with --now")
     p.add_argument("run", metavar="RUN", help="run id, unique id prefix, or name")
@@ -392,16 +395,34 @@ async def cmd_watch(client: AgentClient, ns: argparse.Namespace, _: list[str]) -
         if states is None:
             live = sum(run["state"] not in TERMINAL_STATES for run in runs)
             note(f"watching {len(runs)} runs ({live} live); Ctrl-C to stop")
-            for line in render.run_notes([run for run in runs if run["state"] == "stalled"]):
-                out(f"{render.clock(time.time())} {line}")
-        else:
-            by_id = {run["id"]: run for run in runs}
-            for change in render.state_changes(states, runs):
-                out(f"{render.clock(time.time())} {change.text}")
-                for line in render.run_notes([by_id[change.run_id]]):  # where the stacks are, what to try
-                    out(f"    {line}")
+        for line in watch_lines(states, runs, ns.json):
+            out(line)
         states = {run["id"]: run["state"] for run in runs}
         await asyncio.sleep(ns.interval)
+
+
+def watch_lines(states: dict[str, str] | None, runs: list[dict[str, Any]], as_json: bool) -> list[str]:
+    """What `watch` prints for one look. The first (no `states` yet): the stalls it finds, or for a
+    script every run, marked `first`; then each change, with where the stacks are or what to try."""
+    now = time.time()
+    if states is None:
+        if as_json:
+            return [
+                json.dumps({"t": round(now, 3), "first": True, "from": None, "to": r["state"], "run": r}) for r in runs
+            ]
+        return [
+            f"{render.clock(now)} {line}" for line in render.run_notes([r for r in runs if r["state"] == "stalled"])
+        ]
+    by_id = {run["id"]: run for run in runs}
+    lines: list[str] = []
+    for change in render.state_changes(states, runs):
+        run = by_id[change.run_id]
+        if as_json:
+            lines.append(json.dumps({"t": round(now, 3), "from": change.was, "to": run["state"], "run": run}))
+        else:
+            lines.append(f"{render.clock(now)} {change.text}")
+            lines.extend(f"    {line}" for line in render.run_notes([run]))
+    return lines
 
 
 async def cmd_logs(client: AgentClient, ns: argparse.Namespace, _: list[str]) -> int:

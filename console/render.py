@@ -112,6 +112,7 @@ ANNOUNCED: dict[str, Severity] = {
 @dataclass(frozen=True)
 class StateChange:
     run_id: str
+    was: str | None  # None: a run not seen before
     text: str  # `name (id): running → stalled in load-weights`
     severity: Severity | None  # None: a step on the way (starting → running), not news
 
@@ -128,7 +129,7 @@ def state_changes(before: dict[str, str], runs: list[dict[str, Any]]) -> list[St
             why = f": {run['diagnoses'][0]['code']}"
         move = f"{was} → {now}" if was is not None else f"new {run['kind']} run, {now}"
         severity = ANNOUNCED.get(now) if was is not None else None
-        changes.append(StateChange(run["id"], f"{run['name']} ({run['id']}): {move}{why}", severity))
+        changes.append(StateChange(run["id"], was, f"{run['name']} ({run['id']}): {move}{why}", severity))
     return changes
 
 

@@ -287,8 +287,9 @@ def test_one_sample_of_real_work_in_the_window_is_not_a_spin() -> None:
 class Watcher:
     """`eagle3-console local watch` as a user runs it, once it has looked (what it found then is not news)."""
 
-    def __init__(self, workdir: Path) -> None:
+    def __init__(self, workdir: Path, *options: str) -> None:
         command = [sys.executable, "-m", "console", "--workdir", str(workdir), "local", "watch", "--interval", "0.5"]
+        command += options
         self.process = subprocess.Popen(
             command,
             stdout=subprocess.PIPE,
@@ -333,6 +334,24 @@ def test_watch_prints_each_change_of_state_with_what_to_look_at(cli: CLI, workdi
     stall = lines[lines.index(next(line for line in lines if "→ stalled" in line)) + 1]
     assert stall.startswith(f"    run {run_id} stalled in load-weights") and "stacks: runs/" in stall
     assert "earlier" not in out  # an ended run that did not change is not news
+
+
+def test_watch_json_gives_a_script_the_picture_then_each_change(cli: CLI, workdir: Path) -> None:
+    earlier = launch(cli, "command", "--name", "earlier", "--", sys.executable, "-c", "pass")
+    wait_state(cli, earlier, {"exited"})
+    watcher = Watcher(workdir, "--json")
+    try:
+        doomed = launch(cli, "command", "--name", "doomed", "--", sys.executable, "-c", "raise SystemExit(3)")
+        wait_state(cli, doomed, {"failed"})
+        time.sleep(1.5)
+    finally:
+        out, _ = watcher.stop()
+    changes = [json.loads(line) for line in out.splitlines()]
+    assert changes[0]["first"] and changes[0]["run"]["id"] == earlier and changes[0]["to"] == "exited"
+    mine = [c for c in changes if c["run"]["id"] == doomed]
+    assert mine[0]["from"] is None and "first" not in mine[0]
+    assert mine[-1]["to"] == "failed" and mine[-1]["run"]["exit_code"] == 3
+    assert all(c["from"] != c["to"] for c in mine)
 
 
 def test_watch_goes_on_across_a_lost_agent(cli: CLI, workdir: Path) -> None:
