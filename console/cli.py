@@ -22,7 +22,7 @@ from backends.metrics_sources import parse_source
 from backends.protocol import RUN_KINDS, SIGNAL_NAMES, TERMINAL_STATES
 from backends.sglang_facts import DEFAULT_PORT, SERVER_MODULES
 from console import render
-from console.client import PAST_END, AgentClient, AgentError, follow
+from console.client import PAST_END, AgentClient, AgentError, follow, reconnect_and_say
 from console.transport import LocalTransport, Transport, TransportError
 
 if TYPE_CHECKING:
@@ -387,10 +387,7 @@ async def cmd_watch(client: AgentClient, ns: argparse.Namespace, _: list[str]) -
         try:
             runs = (await client.request("status", gpus=False))["runs"]
         except TransportError as exc:
-            note(f"connection lost ({exc}); reconnecting")
-            lost = time.monotonic()
-            await client.reconnect_until_back(lambda _exc: None)
-            note(f"reconnected after {time.monotonic() - lost:.0f} s; changes meanwhile follow")
+            await reconnect_and_say(client, note, str(exc), "changes meanwhile follow")
             continue
         if states is None:
             live = sum(run["state"] not in TERMINAL_STATES for run in runs)

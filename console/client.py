@@ -199,7 +199,13 @@ async def follow(
             if msg.get("stream") == "end":
                 return
         offsets = dict(sub.offsets)
-        notify(f"connection lost ({client.closed_reason or 'the stream stopped'}); reconnecting")
-        lost = time.monotonic()
-        await client.reconnect_until_back(lambda _exc: None)
-        notify(f"reconnected after {time.monotonic() - lost:.0f} s; resuming where the stream stopped")
+        why = client.closed_reason or "the stream stopped"
+        await reconnect_and_say(client, notify, why, "resuming where the stream stopped")
+
+
+async def reconnect_and_say(client: AgentClient, notify: Callable[[str], None], why: str, then: str) -> None:
+    """Tell of a lost link, reconnect with backoff, then tell how long it took and `then` what happens."""
+    notify(f"connection lost ({why}); reconnecting")
+    lost = time.monotonic()
+    await client.reconnect_until_back(lambda _exc: None)
+    notify(f"reconnected after {time.monotonic() - lost:.0f} s; {then}")
