@@ -372,6 +372,8 @@ DRAFT_PATH_FLAGS: tuple[str, ...] = ("--speculative-draft-model-path", "--specul
 TARGET_PATH_FLAGS: tuple[str, ...] = ("--model-path", "--model")
 CONTEXT_LENGTH_FLAG = "--context-length"
 PORT_FLAG = "--port"
+TP_SIZE_FLAGS: tuple[str, ...] = ("--tp-size", "--tp", "--tensor-parallel-size")
+EAGLE3_ALGORITHM: tuple[str, ...] = ("--speculative-algorithm", "EAGLE3")
 HOST_FLAG = "--host"
 DEFAULT_PORT = 30000
 # Modules that start SGLang's server (`python -m MODULE FLAGS...`).

@@ -20,7 +20,15 @@ from typing import TYPE_CHECKING, Any, NoReturn
 from backends.doctor import format_result
 from backends.metrics_sources import parse_source
 from backends.protocol import RUN_KINDS, SIGNAL_NAMES, TERMINAL_STATES
-from backends.sglang_facts import DEFAULT_PORT, SERVER_MODULES
+from backends.sglang_facts import (
+    DEFAULT_PORT,
+    DRAFT_PATH_FLAGS,
+    EAGLE3_ALGORITHM,
+    PORT_FLAG,
+    SERVER_MODULES,
+    TARGET_PATH_FLAGS,
+    TP_SIZE_FLAGS,
+)
 from console import render
 from console.client import PAST_END, AgentClient, AgentError, follow, reconnect_and_say
 from console.transport import LocalTransport, Transport, TransportError
@@ -511,10 +519,10 @@ async def cmd_stage(client: AgentClient, ns: argparse.Namespace, args: list[str]
 
 def serve_argv(ns: argparse.Namespace, flags: list[str]) -> list[str]:
     """SGLang's server command for a target and its EAGLE-3 draft; FLAGS come last and win."""
-    argv = [ns.python, "-m", SERVER_MODULES[0], "--model-path", ns.target, "--speculative-algorithm", "EAGLE3"]
-    argv += ["--speculative-draft-model-path", ns.draft, "--port", str(ns.port)]
-    if len(ns.gpus) > 1 and not any(f.split("=")[0] in ("--tp-size", "--tp", "--tensor-parallel-size") for f in flags):
-        argv += ["--tp-size", str(len(ns.gpus))]
+    argv = [ns.python, "-m", SERVER_MODULES[0], TARGET_PATH_FLAGS[0], ns.target, *EAGLE3_ALGORITHM]
+    argv += [DRAFT_PATH_FLAGS[0], ns.draft, PORT_FLAG, str(ns.port)]
+    if len(ns.gpus) > 1 and not any(f.split("=")[0] in TP_SIZE_FLAGS for f in flags):
+        argv += [TP_SIZE_FLAGS[0], str(len(ns.gpus))]
     return argv + flags
 
 
