@@ -40,23 +40,7 @@ for _ in $(seq 1 $((stall_after + 40))); do
   sleep 1
 done
 c status | head -8
-python3 - "$t/work/runs/$run" <<'EOF'
-import json, sys
-from pathlib import Path
-run = Path(sys.argv[1])
-out = run.joinpath("output.log").read_text()
-last = float(out.split("last output at ")[1].split()[0])
-events = [json.loads(l) for l in run.joinpath("events.jsonl").read_text().splitlines()]
-stalled = next((e for e in events if e["type"] == "stalled"), None)
-if stalled is None:
-    print("NOT STALLED; events:", [e["type"] for e in events])
-    sys.exit(0)
-print(f"stalled {stalled['t'] - last:.1f} s after the last line; kind {stalled['kind']}; "
-      f"CPU {stalled['cpu_percent']}%; GPU util {stalled['gpu_util']}; memory util {stalled['gpu_mem_util']}")
-stack = next(run.joinpath("stacks").iterdir()).read_text()
-print("stack shows the collective:", "all_reduce" in stack, "| pids dumped:", stack.count("=== pid "))
-print("\n".join(l for l in stack.splitlines() if "all_reduce" in l or "synchronize" in l or "MainThread" in l)[:1200])
-EOF
+python3 -m benchmarks.stall_report "$t/work/runs/$run"
 nvidia-smi --query-gpu=index,utilization.gpu,utilization.memory,power.draw --format=csv,noheader
 c kill "$run" --grace 2 > /dev/null
 }

@@ -31,6 +31,7 @@ from typing import Any
 
 from backends.runstore import RunDir
 from benchmarks._common import print_table
+from benchmarks.stall_report import stall_facts
 
 HUNG = (
     "import time, torch\n"
@@ -114,25 +115,32 @@ def main() -> int:
     time.sleep(check_s)
     console(workdir, "kill", ids["spin"], "--grace", "2")
     final = runs(workdir)
-    last_output, stalled, stack = stall_facts(workdir, ids["hung"], final["hung"])
-    spin_output, spun, spin_stack = stall_facts(workdir, ids["spin"], final["spin"])
+    hung, spin = stall_facts(workdir / "runs" / ids["hung"]), stall_facts(workdir / "runs" / ids["spin"])
+    stalled, stack, spun, spin_stack = hung.stalled, hung.stack, spin.stalled, spin.stack
     expected = {"hung": "stalled", "busy": "running", "chatty": "running", "spin": "stalled"}
     rows = [[name, expected[name], last_live_state(workdir, ids[name]), str(final[name]["phase"])] for name in ids]
     print(f"stall window {args.stall_after:.0f} s; GPU 0 utilisation seen during the check: {sorted(set(gpu_util))}")
     print_table(rows, ("run", "expected", "last state before the kill", "phase"))
-    detected = stalled["t"] - last_output if stalled else float("nan")
-    polled = stalled_seen - last_output if stalled_seen else float("nan")
-    spin_detected = spun["t"] - spin_output if spun else float("nan")
+    polled = stalled_seen - hung.last_output if stalled_seen else float("nan")
+    window = f"{args.stall_after:.0f}"
     print()
     print_table(
         [
-            ["hung: stalled event, s after the last output line", f"{detected:.1f}", f"{args.stall_after:.0f}"],
-            ["hung: state seen by a status poll, s after it", f"{polled:.1f}", f"{args.stall_after:.0f}"],
+            [
+                "hung: stalled event, s after the last output line",
+                f"{hung.called_after_s:.1f}",
+                window,
+            ],
+            ["hung: state seen by a status poll, s after it", f"{polled:.1f}", window],
             ["hung: how it sits still", str(stalled and stalled["kind"]), "idle"],
             ["hung: busiest process CPU in the window (%)", str(stalled and stalled["cpu_percent"]), "< 5"],
             ["hung: GPU utilisation in the stalled event", str(stalled and stalled["gpu_util"]), "< 5"],
             ["hung: stack dump has Python frames (py-spy)", str("(<string>" in stack), "True"],
-            ["spin: stalled event, s after the last output line", f"{spin_detected:.1f}", f"{args.stall_after:.0f}"],
+            [
+                "spin: stalled event, s after the last output line",
+                f"{spin.called_after_s:.1f}",
+                window,
+            ],
             ["spin: how it sits still", str(spun and spun["kind"]), "spinning"],
             ["spin: busiest process CPU in the window (%)", str(spun and spun["cpu_percent"]), "any"],
             ["spin: GPU utilisation / memory utilisation", str(spun and (spun["gpu_util"], spun["gpu_mem_util"])), ""],
@@ -143,16 +151,6 @@ def main() -> int:
     print("\n--- stack dump of the hung run ---\n" + stack[:2000])
     print("\n--- stack dump of the spinning run ---\n" + spin_stack[:2000])
     return 0
-
-
-def stall_facts(workdir: Path, run_id: str, info: dict[str, Any]) -> tuple[float, dict[str, Any] | None, str]:
-    """When the run printed its last line, its stalled event, and its first stack dump."""
-    run = RunDir(workdir / "runs" / run_id)
-    output = run.file("output.log").read_text()
-    last_output = float(output.split("last output at ")[1].split()[0]) if "last output at " in output else float("nan")
-    stalled = next((e for e in run.events() if e["type"] == "stalled"), None)
-    dumps = info["stack_dumps"] or []
-    return last_output, stalled, (run.path / dumps[0]).read_text() if dumps else ""
 
 
 if __name__ == "__main__":

@@ -19,18 +19,7 @@ for _ in $(seq 1 75); do
   [ "$(c status --json | python3 -c "import json,sys; print(json.load(sys.stdin)['runs'][0]['state'])")" = stalled ] && break
   sleep 1
 done
-python3 - "$t/work/runs/$run" <<'PY'
-import json, sys
-from pathlib import Path
-from benchmarks._common import cpu_seconds
-run = Path(sys.argv[1])
-last = float(run.joinpath("output.log").read_text().split("last output at ")[1].split()[0])
-events = [json.loads(l) for l in run.joinpath("events.jsonl").read_text().splitlines()]
-stalled = next((e for e in events if e["type"] == "stalled"), None)
-print("NOT STALLED" if stalled is None else
-      f"stalled {stalled['t'] - last:.1f} s after the last line; kind {stalled['kind']}; busiest CPU "
-      f"{stalled['cpu_percent']}%; GPU util {stalled['gpu_util']}; memory util {stalled['gpu_mem_util']}")
-PY
+python3 -m benchmarks.stall_report "$t/work/runs/$run"
 launcher=$(c status --json | python3 -c "import json,sys; print(json.load(sys.stdin)['runs'][0]['pid'])")
 a=$(python3 -c "from benchmarks._common import cpu_seconds; print(cpu_seconds($launcher))"); sleep 10
 b=$(python3 -c "from benchmarks._common import cpu_seconds; print(cpu_seconds($launcher))")
