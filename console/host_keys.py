@@ -35,6 +35,10 @@ class OfferedKey:
     def describe(self) -> str:
         return f"{self.spec} ({self.name}) offers the {self.algorithm} key {self.fingerprint}"
 
+    def trusted(self) -> str:
+        """What is said when `--accept-new-host-key` trusts it, so a person can check it later."""
+        return f"{self.describe()}; trusted and added to {self.known_hosts}"
+
 
 TrustNewKey = Callable[[OfferedKey], Awaitable[bool]]
 
@@ -94,5 +98,5 @@ async def ask_on_terminal(offered: OfferedKey) -> bool:
 
 async def accept_and_say(offered: OfferedKey) -> bool:
     """`--accept-new-host-key`: trusted, and the fingerprint is said, so a person can check it later."""
-    sys.stderr.write(f"eagle3-console: {offered.describe()}; trusted and added to {offered.known_hosts}\n")
+    sys.stderr.write(f"eagle3-console: {offered.trusted()}\n")
     return True

@@ -131,7 +131,7 @@ class ConsoleApp(App[None]):
     async def trust_new_key(self, offered: OfferedKey) -> bool:
         """A host key seen for the first time: trusted by --accept-new-host-key (and said so), else asked."""
         if self.accept_new_host_key:
-            self.notify(f"{offered.describe()}; trusted and added to {offered.known_hosts}", timeout=30)
+            self.notify(offered.trusted(), timeout=30)
             return True
         details = (
             f"{offered.algorithm} key fingerprint {offered.fingerprint}\n"
