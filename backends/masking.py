@@ -56,3 +56,11 @@ def mask_text(text: str, argv: list[str]) -> str:
             if secret:
                 text = text.replace(secret, MASK)
     return text
+
+
+def mask_values(text: str, env: dict[str, str]) -> str:
+    """`text` with the value of every secret-named variable of `env` masked, wherever it appears."""
+    for name, value in env.items():
+        if is_secret_name(name) and value:
+            text = text.replace(value, MASK)
+    return text

@@ -184,40 +184,64 @@ def live_stats() -> list[ProcStat]:
     return [stat for stat in stats if stat is not None and stat.state != "Z"]
 
 
-def descendants(root: int, stats: list[ProcStat] | None = None) -> list[int]:
-    """All live descendants of `root` (by parent links), in no particular order.
+def carries_marker(pid: int, marker: bytes) -> bool:
+    """True when the environment pid started with holds `marker` (b"NAME=value") as a whole entry."""
+    try:
+        environ = (PROC / str(pid) / "environ").read_bytes()
+    except OSError:
+        return False
+    return marker in environ.split(b"\0")
 
-    `stats` from `live_stats()` lets callers that also need `group_members` scan /proc once.
+
+def proc_owner(pid: int) -> int | None:
+    try:
+        return (PROC / str(pid)).stat().st_uid
+    except OSError:
+        return None
+
+
+def run_processes(
+    marker: bytes, child: ProcIdentity | None, stats: list[ProcStat] | None = None
+) -> dict[int, ProcIdentity]:
+    """A run's live processes, each proven to be the run's: never inferred from a pid or group number.
+
+    Proof is one of: the recorded child itself (pid, start time and boot id all match); a process of
+    ours whose environment carries the run's `marker` (the supervisor sets it for the child, children
+    inherit it); a live child, or a member of the live process group, of a process already proven.
+    A child recorded on another boot (a store shared over NFS) proves nothing, and neither does a pid
+    or process group that merely has its number: both recycle.
     """
+    if child is not None and child.boot_id != boot_id():
+        return {}
+    stats = live_stats() if stats is None else stats  # one scan of /proc for every lookup below
+    by_pid = {stat.pid: stat for stat in stats}
+    me = os.geteuid()
+    proven: set[int] = set()
+    if child is not None and (stat := by_pid.get(child.pid)) is not None and stat.start_ticks == child.start_ticks:
+        proven.add(child.pid)
+    floor = child.start_ticks if child is not None else 0  # nothing of the run is older than its child
+    for stat in stats:
+        # Cheap tests first: the environment is read only for processes of ours born since the child.
+        if stat.pid in proven or stat.start_ticks < floor or proc_owner(stat.pid) != me:
+            continue
+        if carries_marker(stat.pid, marker):
+            proven.add(stat.pid)
+    # A live parent link, or the group of a live leader, is a current fact: it extends the proof.
     children: dict[int, list[int]] = {}
-    for stat in live_stats() if stats is None else stats:
+    members: dict[int, list[int]] = {}
+    for stat in stats:
         children.setdefault(stat.ppid, []).append(stat.pid)
-    found: list[int] = []
-    stack = list(children.get(root, []))
+        members.setdefault(stat.pgid, []).append(stat.pid)
+    stack = list(proven)
     while stack:
         pid = stack.pop()
-        if pid not in found:
-            found.append(pid)
-            stack.extend(children.get(pid, []))
-    return found
-
-
-def group_members(pgid: int, stats: list[ProcStat] | None = None) -> list[int]:
-    return [stat.pid for stat in (live_stats() if stats is None else stats) if stat.pgid == pgid]
-
-
-def run_processes(child: ProcIdentity, stats: list[ProcStat] | None = None) -> dict[int, ProcIdentity]:
-    """A run's live processes: its child's process group and descendants, limited to processes
-    born no earlier than the child (pgid numbers recycle too)."""
-    stats = live_stats() if stats is None else stats  # scan /proc once for both lookups
-    pids = {child.pid, *group_members(child.pid, stats), *descendants(child.pid, stats)}
-    found: dict[int, ProcIdentity] = {}
-    for pid in pids:
-        ident = identify(pid)
-        if ident is None:
-            continue
-        if pid == child.pid and ident != child:
-            continue
-        if ident.start_ticks >= child.start_ticks:
-            found[pid] = ident
-    return found
+        for found in (*children.get(pid, ()), *(members.get(pid, ()) if by_pid[pid].pgid == pid else ())):
+            if found not in proven:
+                proven.add(found)
+                stack.append(found)
+    protected = protected_pids()
+    return {
+        pid: ProcIdentity(pid, by_pid[pid].start_ticks, boot_id())
+        for pid in proven
+        if pid not in protected and by_pid[pid].start_ticks >= floor
+    }

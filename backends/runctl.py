@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -16,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from backends import preflight, procinfo, watch
+from backends import diskspace, preflight, procinfo, watch
 from backends.argv_edit import ArgvEditError, edit_argv
 from backends.masking import mask_argv, mask_env
 from backends.protocol import SIGNAL_NAMES, KilledProcess, KillResult, PreflightResult, StacksResult
@@ -91,20 +92,27 @@ def launch(store: RunStore, spec: RunSpec, checked: PreflightResult | None = Non
     """
     run = store.create(spec)
     flags, verdict = (checked["flags"], checked["doctor"]) if checked is not None else (None, None)
-    if flags is not None:
-        run.append_event("flags", **flags)
-    if verdict is not None:
-        run.append_event("doctor", errors=verdict["errors"], warnings=verdict["warnings"], findings=verdict["findings"])
-    run.append_event(
-        "launch",
-        kind=spec.kind,
-        name=spec.name,
-        argv=mask_argv(spec.argv),
-        env=mask_env(spec.env),
-        cwd=spec.cwd,
-        gpus=spec.gpus,
-        parent=spec.parent,
-    )
+    try:
+        if flags is not None:
+            run.append_event("flags", **flags)
+        if verdict is not None:
+            run.append_event(
+                "doctor", errors=verdict["errors"], warnings=verdict["warnings"], findings=verdict["findings"]
+            )
+        run.append_event(
+            "launch",
+            kind=spec.kind,
+            name=spec.name,
+            argv=mask_argv(spec.argv),
+            env=mask_env(spec.env),
+            cwd=spec.cwd,
+            gpus=spec.gpus,
+            parent=spec.parent,
+        )
+    except OSError as exc:
+        shutil.rmtree(run.path, ignore_errors=True)  # nothing was started: no half-made run left behind
+        why = diskspace.no_space_message(run.path) if diskspace.is_full(exc) else str(exc.strerror or exc)
+        raise StoreError(f"{why}: the run was not launched; free some space or choose another --workdir") from None
     start_supervisor(run)
     wait_started(run)
     info = run.info()
@@ -123,11 +131,21 @@ def _alive(idents: dict[int, procinfo.ProcIdentity]) -> dict[int, procinfo.ProcI
 
 
 def kill(run: RunDir, signal_name: str = "TERM", grace: float = 10.0) -> KillResult:
-    """Signal every process of the run; after `grace` seconds SIGKILL what is left."""
+    """Signal every process of the run once; after `grace` seconds SIGKILL whatever of the run is left.
+
+    Processes that appear after the first signal (a TERM handler's cleanup) are left alone until the
+    grace period is over: the grace is theirs too.
+    """
     if signal_name not in SIGNAL_NAMES:
         raise OpError("bad_args", f"signal must be one of {', '.join(SIGNAL_NAMES)}")
     child = run.child()
-    targets = procinfo.run_processes(child) if child is not None else {}
+    if child is not None and child.boot_id != procinfo.boot_id():
+        raise OpError(
+            "other_boot",
+            f"run {run.id} was started on another boot or host (boot id {child.boot_id}, here "
+            f"{procinfo.boot_id()}); no process here is provably its own, so nothing was signalled",
+        )
+    targets = run.processes()
     if not targets:
         raise OpError("not_running", f"run {run.id} has no live process (state {run.state()}); nothing to kill")
     sent: dict[int, list[str]] = {}
@@ -142,27 +160,24 @@ def kill(run: RunDir, signal_name: str = "TERM", grace: float = 10.0) -> KillRes
             elif procinfo.is_alive(ident) and all(r["pid"] != pid for r in refused):
                 refused.append({"pid": pid, "reason": reason})
 
-    def wait_gone(sig: signal.Signals, seconds: float) -> None:
+    def wait_gone(seconds: float) -> dict[int, procinfo.ProcIdentity]:
+        """What is left of the run (the first targets and any newcomer) after up to `seconds`."""
         deadline = time.monotonic() + seconds
-        while time.monotonic() < deadline:
-            # Processes forked after the first signal get it too.
-            newcomers = {p: i for p, i in procinfo.run_processes(child).items() if p not in targets} if child else {}
-            if newcomers:
-                targets.update(newcomers)
-                send(sig, newcomers)
-            if not _alive(targets):
-                return
+        while True:
+            left = {**_alive(targets), **run.processes()}
+            if not left or time.monotonic() >= deadline:
+                return left
             time.sleep(POLL_S)
 
     first = signal.Signals[f"SIG{signal_name}"]
     send(first, targets)
-    wait_gone(first, grace)
+    survivors = wait_gone(grace)
     escalated = False
-    survivors = _alive(targets)
     if survivors and first != signal.SIGKILL:
         escalated = True
+        targets.update(survivors)
         send(signal.SIGKILL, survivors)
-        wait_gone(signal.SIGKILL, KILL_ESCALATION_WAIT_S)
+        wait_gone(KILL_ESCALATION_WAIT_S)
     _wait_exit_record(run)
     processes: list[KilledProcess] = [
         {"pid": pid, "signals": sent.get(pid, []), "died": not procinfo.is_alive(ident)}
@@ -182,8 +197,7 @@ def _wait_exit_record(run: RunDir) -> None:
 
 
 def has_live_processes(run: RunDir) -> bool:
-    child = run.child()
-    return child is not None and bool(procinfo.run_processes(child))
+    return bool(run.processes())
 
 
 def relaunch(
@@ -199,7 +213,8 @@ def relaunch(
 
     The copy passes the pre-launch gate before anything else happens; then a
     parent that is still alive is stopped: both would want the same GPUs and port.
-    `dry_run` stops after the gate: the copy's command line and what the checks found, nothing stopped.
+    `dry_run` stops after the gate: the copy's command line, whether the parent has processes to stop, and
+    what the checks found; nothing stopped.
     """
     parent = store.get(ref)
     spec = parent.spec()
@@ -212,7 +227,13 @@ def relaunch(
     child_spec = dataclasses.replace(spec, argv=argv, parent=parent.id, created_at=time.time())
     checked = gate(child_spec, force)
     if dry_run:
-        return {"parent": parent.id, "argv": mask_argv(argv), "flags": checked["flags"], "doctor": checked["doctor"]}
+        return {
+            "parent": parent.id,
+            "would_stop": has_live_processes(parent),
+            "argv": mask_argv(argv),
+            "flags": checked["flags"],
+            "doctor": checked["doctor"],
+        }
     stopped = kill(parent, "TERM", grace) if has_live_processes(parent) else None
     result = launch(store, child_spec, checked)
     result.update(parent=parent.id, argv=mask_argv(argv), stopped_parent=stopped)
@@ -291,8 +312,7 @@ def stacks(run: RunDir, now: bool) -> StacksResult:
     folder = run.file(STACKS)
     dumps = sorted(folder.glob("*.txt")) if folder.is_dir() else []
     if now or not dumps:
-        child = run.child()
-        members = sorted(procinfo.run_processes(child)) if child is not None and procinfo.is_alive(child) else []
+        members = sorted(run.processes())
         if not members:
             why = "no live process" if not dumps else "no live process to dump now"
             raise OpError("no_stacks", f"run {run.id} has {why}{'' if dumps else ' and no stack dump'}")
@@ -300,5 +320,5 @@ def stacks(run: RunDir, now: bool) -> StacksResult:
         run.append_event("stacks", file=f"{STACKS}/{path.name}", pids=members, by="request")
         dumps = [path]
     latest = dumps[-1]
-    text = latest.read_text(errors="replace")
+    text = watch.mask_stacks(run, latest.read_text(errors="replace"))  # dumps written before masking existed
     return {"file": f"{STACKS}/{latest.name}", "text": text, "taken_at": latest.stat().st_mtime}

@@ -19,6 +19,7 @@ stall), written atomically on every change; its events go to events.jsonl.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
@@ -32,11 +33,24 @@ from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from backends import procinfo, sglang_log
+from backends import diskspace, procinfo, sglang_log
 from backends.argv_edit import flag_value
 from backends.gpus import GpuSampler
+from backends.masking import mask_text, mask_values
 from backends.protocol import Diagnosis
-from backends.runstore import METRICS, OUTPUT, STACKS, WATCH, RunDir, RunSpec, append_jsonl, atomic_write_json
+from backends.runstore import (
+    METRICS,
+    OUTPUT,
+    STACKS,
+    WATCH,
+    RunDir,
+    RunSpec,
+    SpecError,
+    append_jsonl,
+    atomic_write_bytes,
+    atomic_write_json,
+    private_dir,
+)
 from backends.sglang_facts import DEFAULT_PORT, HOST_FLAG, PORT_FLAG, SERVER_MODULES
 
 TICK_S = 1.0
@@ -172,9 +186,8 @@ class Watch:
 class RunWatcher:
     """The supervisor's watch over its child (a thread; `stop` ends it)."""
 
-    def __init__(self, run: RunDir, spec: RunSpec, child: procinfo.ProcIdentity, sampler: GpuSampler | None) -> None:
+    def __init__(self, run: RunDir, spec: RunSpec, sampler: GpuSampler | None) -> None:
         self.run = run
-        self.child = child
         self.sampler = sampler
         self.window = stall_window(spec)
         self.url = health_url(spec)
@@ -187,6 +200,7 @@ class RunWatcher:
         self.last_activity = 0.0
         self.failed_polls = 0
         self.samples: deque[Activity] = deque()
+        self.disk_full: str | None = None  # what the first full-disk error said, for the run's exit record
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="run-watch", daemon=True)
 
@@ -203,8 +217,11 @@ class RunWatcher:
         while not self._stop.wait(TICK_S):
             try:
                 self.tick(time.monotonic())
-            except Exception:  # a full disk or an odd /proc must not end the watch: say so, keep watching
-                traceback.print_exc(file=sys.stderr)
+            except Exception as exc:  # a full disk or an odd /proc must not end the watch: say so, keep watching
+                if diskspace.is_full(exc) and self.disk_full is None:
+                    self.disk_full = diskspace.no_space_message(self.run.path)
+                with contextlib.suppress(OSError):  # the log may sit on the full disk too
+                    traceback.print_exc(file=sys.stderr)
 
     def tick(self, now: float) -> None:
         if self._read_output():
@@ -268,7 +285,7 @@ class RunWatcher:
 
     def _activity(self, now: float) -> None:
         stats = procinfo.live_stats()
-        members = procinfo.run_processes(self.child, stats)
+        members = self.run.processes(stats)
         sample = Activity(now, {s.pid: s.cpu_ticks for s in stats if s.pid in members}, self._gpu_loads(members))
         self.samples.append(sample)
         assert self.window is not None
@@ -338,22 +355,35 @@ def py_spy() -> str | None:
 
 
 def dump_stacks(run: RunDir, pids: list[int]) -> Path:
-    """Every process's stack in one file under stacks/, written atomically; its path."""
+    """Every process's stack in one file under stacks/, secrets masked, written atomically; its path."""
     folder = run.file(STACKS)
-    folder.mkdir(exist_ok=True)
+    private_dir(folder)
     path = folder / time.strftime("%Y%m%d-%H%M%S.txt", time.gmtime())
     tool = py_spy()
     sections = [_stack_of(pid, tool) for pid in pids]
     if tool is None:
         sections.insert(0, "py-spy is not installed on this host: kernel-side facts only (pip install py-spy)\n")
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text("\n".join(sections))
-    tmp.replace(path)
+    atomic_write_bytes(path, mask_stacks(run, "\n".join(sections)).encode())
     return path
 
 
+def mask_stacks(run: RunDir, text: str) -> str:
+    """A stack dump with the run's secrets masked: its argv's secret values and its secret env values."""
+    try:
+        spec = run.spec()
+    except SpecError:
+        return text
+    return mask_values(mask_text(text, spec.argv), spec.env)
+
+
 def _stack_of(pid: int, tool: str | None) -> str:
-    header = f"=== pid {pid}: {_read(f'/proc/{pid}/cmdline').replace(chr(0), ' ').strip()}\n"
+    """One process's stack; its own command line's secrets masked (a worker's argv is not the run's)."""
+    argv = [arg for arg in _read(f"/proc/{pid}/cmdline").split("\0") if arg]
+    return mask_text(_unmasked_stack_of(pid, tool, argv), argv)
+
+
+def _unmasked_stack_of(pid: int, tool: str | None, argv: list[str]) -> str:
+    header = f"=== pid {pid}: {' '.join(argv)}\n"
     if tool is not None:
         try:
             done = subprocess.run(

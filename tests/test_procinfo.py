@@ -103,7 +103,7 @@ def test_identify_a_zombie_is_none(spawn: Spawn) -> None:
     assert wait_for(lambda: (s := procinfo.read_stat(proc.pid)) is not None and s.state == "Z")
     assert procinfo.identify(proc.pid) is None
     assert not procinfo.is_alive(ident)
-    assert proc.pid not in procinfo.descendants(os.getpid())
+    assert proc.pid not in {stat.pid for stat in procinfo.live_stats()}
     assert proc.wait(timeout=5) == 0
     assert procinfo.read_stat(proc.pid) is None
 
@@ -213,23 +213,44 @@ def _shell_with_grandchild(spawn: Spawn) -> tuple[subprocess.Popen[bytes], int]:
     return proc, grandchild
 
 
-def test_descendants_finds_a_grandchild(spawn: Spawn) -> None:
+MARKER = b"EAGLE3_RUN_ID=test-run"
+
+
+def test_run_processes_are_the_child_its_descendants_and_its_group(spawn: Spawn) -> None:
     proc, grandchild = _shell_with_grandchild(spawn)
     assert wait_for(lambda: (s := procinfo.read_stat(grandchild)) is not None and s.ppid == proc.pid)
-    mine = procinfo.descendants(os.getpid())
-    assert proc.pid in mine and grandchild in mine
-    assert procinfo.descendants(proc.pid) == [grandchild]
-    assert procinfo.descendants(grandchild) == []
-    assert os.getpid() not in mine
+    stranger = spawn(["sleep", "30"])  # ours, younger than the child, but not of the run
+    found = procinfo.run_processes(MARKER, identity(proc.pid))
+    assert sorted(found) == sorted([proc.pid, grandchild])
+    assert stranger.pid not in found and os.getpid() not in found
 
 
-def test_group_members_finds_a_new_session(spawn: Spawn) -> None:
-    proc, grandchild = _shell_with_grandchild(spawn)
-    assert wait_for(lambda: procinfo.identify(grandchild) is not None)
-    leader = procinfo.read_stat(proc.pid)
-    assert leader is not None and leader.pgid == proc.pid
-    assert sorted(procinfo.group_members(proc.pid)) == sorted([proc.pid, grandchild])
-    assert proc.pid not in procinfo.group_members(os.getpgrp())
-    os.killpg(proc.pid, signal.SIGKILL)
+def test_run_processes_of_a_dead_child_are_those_that_carry_its_marker(spawn: Spawn) -> None:
+    env = {**os.environ, "EAGLE3_RUN_ID": "test-run"}
+    # The child leaves an orphan (in its group) and exits: only the marker ties the orphan to the run.
+    proc = spawn(
+        ["sh", "-c", "sleep 30 & echo $!; read _"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        start_new_session=True,
+        env=env,
+    )
+    assert proc.stdout is not None and proc.stdin is not None
+    orphan = int(proc.stdout.readline())
+    child = identity(proc.pid)
+    proc.stdin.close()
     proc.wait(timeout=5)
-    assert wait_for(lambda: procinfo.group_members(proc.pid) == [])
+    unmarked = spawn(["sleep", "30"], start_new_session=True)
+    try:
+        assert sorted(procinfo.run_processes(MARKER, child)) == [orphan]
+        assert procinfo.run_processes(b"EAGLE3_RUN_ID=test-run-2", child) == {}
+        assert unmarked.pid not in procinfo.run_processes(MARKER, None)
+    finally:
+        os.kill(orphan, signal.SIGKILL)
+
+
+def test_run_processes_of_a_child_recorded_on_another_boot_are_none(spawn: Spawn) -> None:
+    proc = spawn(["sleep", "30"], env={**os.environ, "EAGLE3_RUN_ID": "test-run"})
+    elsewhere = dataclasses.replace(identity(proc.pid), boot_id="another-boot")
+    assert procinfo.run_processes(MARKER, elsewhere) == {}
+    assert proc.pid in procinfo.run_processes(MARKER, identity(proc.pid))

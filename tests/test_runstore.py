@@ -26,10 +26,12 @@ from backends import procinfo, runstore
 from backends.runstore import (
     EVENTS,
     EXIT,
+    METRICS,
     OUTPUT,
     PROC,
     RUN_ID_RE,
     SPEC,
+    SUPERVISOR_LOG,
     RunDir,
     RunSpec,
     RunStore,
@@ -112,7 +114,8 @@ def test_create_writes_spec_and_an_empty_log(tmp_path: Path) -> None:
     run = store.create(spec)
     assert run.path.parent == tmp_path / "wd" / "runs"
     assert RUN_ID_RE.match(run.id)
-    assert sorted(p.name for p in run.path.iterdir()) == [OUTPUT, SPEC]
+    made = sorted(p.name for p in run.path.iterdir())
+    assert made == sorted([OUTPUT, SPEC, EVENTS, METRICS, SUPERVISOR_LOG, ".proc.json.reserved", ".exit.json.reserved"])
     assert (run.path / OUTPUT).read_bytes() == b""
     assert json.loads((run.path / SPEC).read_bytes()) == spec.to_json()
     assert run.spec() == spec
@@ -488,7 +491,7 @@ def test_create_failure_keeps_existing_runs(tmp_path: Path, monkeypatch: pytest.
     monkeypatch.setattr(runstore, "atomic_write_json", no_space)
     with pytest.raises(StoreError, match="--workdir") as info:
         store.create(train_spec("new"))
-    assert "No space left on device" in str(info.value)
+    assert "no space left on " in str(info.value) and "bytes free" in str(info.value)
     monkeypatch.undo()
     assert {p.name: p.read_bytes() for p in old.path.iterdir()} == before
     assert store.get("old").id == old.id

@@ -35,8 +35,7 @@ from backends.extract.output import (
 )
 from backends.extract.pipeline import Row, ShardJob, run_pipeline
 from backends.extract.template import ChatTokenizer, TemplateError, TokenizedChat
-from backends.runstore import append_jsonl
-from backends.supervise import ENV_METRICS_FILE
+from backends.runstore import ENV_METRICS_FILE, append_jsonl
 
 NO_ASSISTANT_TOKEN = "no assistant token within --max-length"
 

@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 from typing import IO, Any
 
-from backends.supervise import ENV_METRICS_FILE
+from backends.runstore import ENV_METRICS_FILE
 
 METRICS_FILE = "metrics.jsonl"
 PLATEAU_REL = 0.005
