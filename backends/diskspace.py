@@ -7,6 +7,8 @@ import os
 from pathlib import Path
 
 FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
+# Less than this left counts as full: writes of whole blocks fail long before the last byte is gone.
+FULL_BELOW_BYTES = 1024 * 1024
 
 
 def is_full(exc: BaseException) -> bool:
@@ -51,3 +53,9 @@ def no_space_message(path: Path) -> str:
     """`no space left on DEVICE (N bytes free)`, for a write under `path` that failed."""
     free = bytes_free(path)
     return f"no space left on {device_of(path)} ({'?' if free is None else f'{free:,}'} bytes free)"
+
+
+def full_now(path: Path) -> str | None:
+    """`no_space_message` when the file system under `path` is (all but) full now, else None."""
+    free = bytes_free(path)
+    return no_space_message(path) if free is not None and free < FULL_BELOW_BYTES else None

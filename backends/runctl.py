@@ -7,6 +7,7 @@ processes were listed, so a pid recycled meanwhile is never signalled.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import shutil
@@ -152,7 +153,9 @@ def kill(run: RunDir, signal_name: str = "TERM", grace: float = 10.0) -> KillRes
     refused: list[dict[str, Any]] = []
 
     def send(sig: signal.Signals, idents: dict[int, procinfo.ProcIdentity]) -> None:
-        run.append_event("signal", signal=sig.name.removeprefix("SIG"), pids=sorted(idents), by="kill")
+        # Recorded first (it makes the run `killed`, not `failed`), but a full disk must not stop the kill.
+        with contextlib.suppress(OSError):
+            run.append_event("signal", signal=sig.name.removeprefix("SIG"), pids=sorted(idents), by="kill")
         for pid, ident in idents.items():
             reason = procinfo.signal_if_ours(ident, sig)
             if reason is None:
@@ -217,7 +220,7 @@ def relaunch(
     what the checks found; nothing stopped.
     """
     parent = store.get(ref)
-    spec = parent.spec()
+    spec = parent.trusted_spec()
     if not all(isinstance(x, str) for x in [*sets, *unsets]):
         raise OpError("bad_args", "flags to set or unset must be strings")
     try:
@@ -244,7 +247,10 @@ def owner_lookup(store: RunStore) -> dict[int, str]:
     """pid of each live run child -> run id, to attribute GPU processes to runs."""
     owners: dict[int, str] = {}
     for run in store.all():
-        if run.exit() is not None:
+        try:
+            if run.exit() is not None:
+                continue
+        except StoreError:  # a corrupt exit.json: the run ended, how is not known
             continue
         child = run.child()
         if child is not None and procinfo.is_alive(child):

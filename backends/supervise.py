@@ -80,14 +80,14 @@ class Supervisor:
     def event(self, event_type: str, /, **fields: object) -> None:
         self.best_effort(lambda: self.run.append_event(event_type, **fields))
 
-    def record(self, name: str, data: dict[str, object]) -> None:
-        """Write a record that must not be lost: at once, else through its reserved room, else (kept in
-        memory) at the next `retry`."""
+    def record(self, name: str, data: dict[str, object], final: bool = True) -> None:
+        """Write a record that must not be lost: at once, else (when `final`: its last version) through
+        its reserved room, else (kept in memory) at the next `retry`."""
         try:
             try:
                 atomic_write_json(self.run.file(name), data)
             except OSError as exc:
-                if not diskspace.is_full(exc):
+                if not diskspace.is_full(exc) or not final:
                     raise
                 self.note(exc)
                 self.run.reserved(name).commit(self.run.file(name), data)
@@ -119,7 +119,7 @@ class Supervisor:
         run = self.run
         me = procinfo.identify(os.getpid())
         proc: dict[str, object] = {"supervisor": me.to_json() if me else None}  # kept whole: the disk may lag
-        self.record(PROC, proc)
+        self.record(PROC, proc, final=False)  # the room is kept for the version that names the child too
         self.event("supervisor_started", pid=os.getpid())
         try:
             spec = run.trusted_spec()
@@ -173,8 +173,8 @@ class Supervisor:
         ended: dict[str, object] = {"code": code, "signal": None, "error": None, "ended_at": time.time()}
         if code < 0:
             ended.update(code=None, signal=signal.Signals(-code).name.removeprefix("SIG"))
-        # Before exit.json, so that a disk that is full now is said in it.
         self.event("exit", code=ended["code"], signal=ended["signal"])
+        self.disk_full = self.disk_full or diskspace.full_now(run.path)
         if self.disk_full is not None:
             ended["disk_full"] = self.disk_full
         self.record(EXIT, ended)

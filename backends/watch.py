@@ -205,8 +205,11 @@ class RunWatcher:
         self._thread = threading.Thread(target=self._loop, name="run-watch", daemon=True)
 
     def start(self) -> None:
-        self._save()
         self._thread.start()
+        try:
+            self._save()
+        except OSError as exc:
+            self._failed(exc)
 
     def stop(self) -> None:
         self._stop.set()
@@ -218,12 +221,19 @@ class RunWatcher:
             try:
                 self.tick(time.monotonic())
             except Exception as exc:  # a full disk or an odd /proc must not end the watch: say so, keep watching
-                if diskspace.is_full(exc) and self.disk_full is None:
-                    self.disk_full = diskspace.no_space_message(self.run.path)
-                with contextlib.suppress(OSError):  # the log may sit on the full disk too
-                    traceback.print_exc(file=sys.stderr)
+                self._failed(exc)
+
+    def _failed(self, exc: Exception) -> None:
+        if diskspace.is_full(exc) and self.disk_full is None:
+            self.disk_full = diskspace.no_space_message(self.run.path)
+        with contextlib.suppress(OSError):  # the log may sit on the full disk too
+            traceback.print_exception(exc, file=sys.stderr)
 
     def tick(self, now: float) -> None:
+        if self.disk_full is None:
+            self.disk_full = diskspace.full_now(self.run.path)
+            if self.disk_full is not None:
+                self.run.append_event("disk_full", message=self.disk_full)
         if self._read_output():
             self.last_output = now
             if self.watch.state == "stalled":
