@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from backends import procinfo, runctl
+from backends import procinfo, runctl, watch
 from backends.runstore import EXIT, PROC, SPEC, RunDir, RunSpec, RunStore, SpecError, StoreError
-from tests.conftest import Spawn, wait_for
+from tests.conftest import wait_for
 
 NS_LAST_PID = Path("/proc/sys/kernel/ns_last_pid")
 
@@ -175,7 +175,7 @@ def test_a_spec_others_could_have_rewritten_is_never_run_again(workdir: Path) ->
 
 
 def test_stack_dumps_never_show_the_api_key_or_a_token(workdir: Path) -> None:
-    if runctl.watch.py_spy() is None:
+    if watch.py_spy() is None:
         pytest.fail("py-spy is missing: `make test` installs it with the test extras")
     script = "import time\nprint('up', flush=True)\ntime.sleep(60)\n"
     run = launch(
@@ -218,10 +218,9 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
 def fill(disk: Path) -> Path:
     """Fill the disk to its last byte; the filler file, to remove when space should return."""
     filler = disk / "filler"
-    with open(filler, "ab", buffering=0) as fh:
-        with contextlib.suppress(OSError):
-            while True:
-                fh.write(b"\0" * 512)
+    with open(filler, "ab", buffering=0) as fh, contextlib.suppress(OSError):
+        while True:
+            fh.write(b"\0" * 512)
     return filler
 
 
