@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import re
 import secrets
@@ -27,9 +28,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from backends import procinfo
+from backends import diskspace, procinfo
 from backends.masking import mask_argv, mask_env
-from backends.protocol import RUN_KINDS, RunInfo
+from backends.protocol import RUN_KINDS, Diagnosis, RunInfo, env_name_problem, passable_problem
 
 DEFAULT_WORKDIR = Path("~/.eagle3-console")
 SPEC = "spec.json"
@@ -42,8 +43,19 @@ EXIT = "exit.json"
 SUPERVISOR_LOG = "supervisor.log"
 WATCH = "watch.json"  # the supervisor's watch: running/ready/stalled, phase, health, stack dumps
 STACKS = "stacks"  # a folder: one file of every process's stack per stall
+# Room reserved at launch for the records that must survive a disk that fills while the run runs:
+# the child's identity and its exit (`Reserved`; they lie as .NAME.reserved until used).
+RESERVED = (PROC, EXIT)
 # A supervisor that has not recorded itself this long after launch never started.
 SUPERVISOR_START_TIMEOUT_S = 30.0
+# A run folder without spec.json is being made this long after it appeared; later, it is corrupt.
+SPEC_WRITE_GRACE_S = 5.0
+
+# Set for every child, so that its own code (and ours) can find the run; ENV_RUN_ID also marks
+# every process of the run (children inherit it), which is how `RunDir.processes` proves them ours.
+ENV_RUN_ID = "EAGLE3_RUN_ID"
+ENV_RUN_DIR = "EAGLE3_RUN_DIR"
+ENV_METRICS_FILE = "EAGLE3_METRICS_FILE"
 
 RUN_ID_RE = re.compile(r"^[0-9]{8}-[0-9]{6}-[0-9]{3}-[0-9a-f]{4}$")
 
@@ -58,6 +70,15 @@ class SpecError(StoreError):
 
 class RunNotFound(StoreError):
     pass
+
+
+class CorruptFile(StoreError):
+    """A file of a run's record (spec, proc, exit, events) cannot be read as one: the run is `corrupt`."""
+
+    def __init__(self, run_id: str, file: str, reason: str) -> None:
+        super().__init__(f"run {run_id} is corrupt: {file}: {reason}; repair that file or move runs/{run_id} away")
+        self.file = file
+        self.reason = reason
 
 
 def new_run_id(now: float | None = None) -> str:
@@ -111,12 +132,23 @@ class RunSpec:
         for name in ("cwd", "health_url", "parent"):
             if getattr(self, name) is not None and not isinstance(getattr(self, name), str):
                 raise SpecError(f"{name} must be a string or null")
-        if self.stall_after is not None and (not _is_number(self.stall_after) or self.stall_after <= 0):
+        self._validate_passable()
+        if self.stall_after is not None and (not _is_number(self.stall_after) or not 0 < self.stall_after < math.inf):
             raise SpecError("stall window must be positive seconds")
         if not _is_number(self.created_at):
             raise SpecError("created_at must be a time in seconds")
         if self.metrics_from is not None:
             self._validate_metrics_from()
+
+    def _validate_passable(self) -> None:
+        """What the supervisor hands to exec (argv, env, cwd) must be something exec can take."""
+        texts = [(f"argv[{i}]", arg) for i, arg in enumerate(self.argv)]
+        texts += [(f"env[{name!r}]", value) for name, value in self.env.items()]
+        texts += [("cwd", self.cwd)] if self.cwd is not None else []
+        problems = [f"{at} {problem}" for at, text in texts if (problem := passable_problem(text))]
+        problems += list(filter(None, map(env_name_problem, self.env)))
+        if problems:
+            raise SpecError(problems[0])
 
     def _validate_metrics_from(self) -> None:
         # Imported here: metrics_sources imports this module.
@@ -140,11 +172,35 @@ def _is_number(value: object) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
+# The run store is its owner's alone, whatever the umask: specs hold the env a run needs (tokens).
+PRIVATE_DIR = 0o700
+PRIVATE_FILE = 0o600
+
+
+def private_dir(path: Path) -> None:
+    """Make `path` (and missing parents) a folder only its owner can enter."""
+    path.mkdir(mode=PRIVATE_DIR, parents=True, exist_ok=True)
+    if path.stat().st_mode & 0o777 != PRIVATE_DIR:
+        os.chmod(path, PRIVATE_DIR)
+
+
+def open_private(path: Path, flags: int) -> int:
+    """os.open with mode 600 exactly: the umask may not widen it, and an older file is narrowed."""
+    fd = os.open(path, flags | os.O_CREAT, PRIVATE_FILE)
+    try:
+        if os.fstat(fd).st_mode & 0o777 != PRIVATE_FILE:
+            os.fchmod(fd, PRIVATE_FILE)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
 def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write to a temp file beside `path`, fsync, then rename over it."""
+    """Write to a private temp file beside `path`, fsync, then rename over it."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(3)}.tmp")
     try:
-        with open(tmp, "wb") as fh:
+        with os.fdopen(open_private(tmp, os.O_WRONLY | os.O_EXCL), "wb") as fh:
             fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())
@@ -158,10 +214,48 @@ def atomic_write_json(path: Path, obj: object) -> None:
     atomic_write_bytes(path, json.dumps(obj, indent=1).encode() + b"\n")
 
 
+class Reserved:
+    """Room for one record, taken while the disk has it, so that the record fits when the disk is full.
+
+    The slot is a private file written out in full beforehand; the record is later written over
+    its blocks in place (no new block needed) and renamed onto its name, so readers see the old
+    file or the new one, whole. Trailing spaces pad the JSON, which parsers allow.
+    """
+
+    SIZE = 4096
+
+    def __init__(self, slot: Path) -> None:
+        self.slot = slot
+
+    @classmethod
+    def make(cls, slot: Path) -> Reserved:
+        fd = open_private(slot, os.O_WRONLY | os.O_TRUNC)
+        try:
+            os.write(fd, b" " * cls.SIZE)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        return cls(slot)
+
+    def commit(self, path: Path, obj: object) -> None:
+        """Write `obj` as `path` through the slot; OSError when that cannot be done (no slot left)."""
+        data = json.dumps(obj, indent=1).encode() + b"\n"
+        if len(data) > self.SIZE or not self.slot.exists():
+            atomic_write_bytes(path, data)
+            return
+        fd = os.open(self.slot, os.O_WRONLY)
+        try:
+            os.pwrite(fd, data.ljust(self.SIZE), 0)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(self.slot, path)
+
+
 def append_jsonl(path: Path, obj: object) -> None:
     """One write(2) with O_APPEND, so lines from agent and supervisor never interleave."""
     line = json.dumps(obj, separators=(",", ":")).encode() + b"\n"
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    fd = open_private(path, os.O_WRONLY | os.O_APPEND)
     try:
         os.write(fd, line)
     finally:
@@ -172,8 +266,57 @@ def read_json(path: Path) -> Any:
     """Parsed JSON, or None when the file is missing or not (yet) valid."""
     try:
         return json.loads(path.read_bytes())
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return None
+
+
+def _not_a_record_number(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"{text} is not a number a record of a run holds")
+    return value
+
+
+def parse_record(data: bytes, finite: bool = False) -> Any:
+    """One record's JSON, or ValueError saying why not (too deeply nested included); `finite`: no
+    NaN or Infinity either, for records that hold only pids, times and codes."""
+    try:
+        if finite:
+            return json.loads(data, parse_constant=_not_a_record_number, parse_float=_not_a_record_number)
+        return json.loads(data)
+    except RecursionError:
+        raise ValueError("nested too deeply to be a record") from None
+
+
+def read_record(run_id: str, path: Path, finite: bool = False) -> Any:
+    """A record file of a run, parsed; None when it does not exist (yet); CorruptFile when it cannot be read."""
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise CorruptFile(run_id, path.name, f"cannot be read ({exc.strerror or exc})") from None
+    try:
+        return parse_record(data, finite)
+    except ValueError as exc:
+        raise CorruptFile(run_id, path.name, f"not valid JSON ({exc})") from None
+
+
+# Deeper rows are garbage: no metric row or event is nested like that, and the encoder that sends
+# rows on would run out of stack (RecursionError) on one nested near Python's recursion limit.
+MAX_ROW_DEPTH = 32
+
+
+def shallow(value: Any, depth: int = MAX_ROW_DEPTH) -> bool:
+    """True when `value` nests lists and objects at most `depth` deep."""
+    level = [value]
+    for _ in range(depth):
+        level = [
+            item for v in level for item in (v.values() if isinstance(v, dict) else v if isinstance(v, list) else ())
+        ]
+        if not level:
+            return True
+    return False
 
 
 def read_jsonl(path: str | Path, offset: int = 0, max_bytes: int = 64 * 1024 * 1024) -> tuple[list[Any], int, int]:
@@ -199,8 +342,13 @@ def read_jsonl(path: str | Path, offset: int = 0, max_bytes: int = 64 * 1024 * 1
         if not line.strip():
             continue
         try:
-            rows.append(json.loads(line))
+            row = parse_record(line)
         except ValueError:
+            skipped += 1
+            continue
+        if shallow(row):
+            rows.append(row)
+        else:
             skipped += 1
     return rows, skipped, offset + end
 
@@ -220,34 +368,93 @@ class RunDir:
         return self.path / name
 
     def spec(self) -> RunSpec:
-        data = read_json(self.file(SPEC))
+        data = read_record(self.id, self.file(SPEC))
         if data is None:
-            raise SpecError(f"run {self.id}: spec.json is missing or corrupt")
+            raise CorruptFile(self.id, SPEC, "missing")
         try:
             return RunSpec.from_json(data)
         except SpecError as exc:
-            raise SpecError(f"run {self.id}: {exc}") from None
+            raise CorruptFile(self.id, SPEC, str(exc)) from None
 
     def append_event(self, event_type: str, /, **fields: Any) -> None:
         append_jsonl(self.file(EVENTS), event(event_type, **fields))
 
     def events(self) -> list[dict[str, Any]]:
-        rows, _, _ = read_jsonl(self.file(EVENTS))
-        return [r for r in rows if isinstance(r, dict)]
+        """Every event; CorruptFile when a whole line is not one (a last line without its newline is
+        still being written)."""
+        try:
+            with open(self.file(EVENTS), "rb") as fh:
+                data = fh.read()
+        except FileNotFoundError:
+            return []
+        except OSError as exc:
+            raise CorruptFile(self.id, EVENTS, f"cannot be read ({exc.strerror or exc})") from None
+        rows: list[dict[str, Any]] = []
+        for number, line in enumerate(data[: data.rfind(b"\n") + 1].split(b"\n"), 1):
+            if not line.strip():
+                continue
+            try:
+                row = parse_record(line)
+            except ValueError as exc:
+                raise CorruptFile(self.id, EVENTS, f"line {number} is not valid JSON ({exc})") from None
+            if not isinstance(row, dict) or not shallow(row):
+                raise CorruptFile(self.id, EVENTS, f"line {number} is not an event")
+            rows.append(row)
+        return rows
 
     def proc(self) -> dict[str, Any]:
-        data = read_json(self.file(PROC))
-        return data if isinstance(data, dict) else {}
+        """proc.json ({} before the supervisor wrote it); CorruptFile when it names no process it could be."""
+        data = read_record(self.id, self.file(PROC), finite=True)
+        if data is None:
+            return {}
+        if not isinstance(data, dict):
+            raise CorruptFile(self.id, PROC, "not a JSON object")
+        for role in ("supervisor", "child"):
+            if data.get(role) is not None and procinfo.ProcIdentity.from_json(data[role]) is None:
+                raise CorruptFile(self.id, PROC, f"its {role} is not a process identity (pid, start_ticks, boot_id)")
+        return data
 
     def child(self) -> procinfo.ProcIdentity | None:
-        return procinfo.ProcIdentity.from_json(self.proc().get("child"))
+        """The child's recorded identity; None when none is recorded, or proc.json is corrupt."""
+        return self._identity("child")
+
+    def _identity(self, role: str) -> procinfo.ProcIdentity | None:
+        try:
+            return procinfo.ProcIdentity.from_json(self.proc().get(role))
+        except CorruptFile:
+            return None
+
+    def reserved(self, name: str) -> Reserved:
+        """The slot `RunStore.create` reserved for `name` (one of RESERVED)."""
+        return Reserved(self.file(f".{name}.reserved"))
+
+    def trusted_spec(self) -> RunSpec:
+        """The spec, when nobody but its owner could have written it: what relaunch and the supervisor run."""
+        me = os.geteuid()
+        for path in (self.path, self.file(SPEC)):
+            try:
+                st = path.stat()
+            except OSError:
+                raise SpecError(f"run {self.id}: {path.name} is missing") from None
+            if st.st_uid != me or st.st_mode & 0o022:
+                raise SpecError(
+                    f"run {self.id}: {path.name} could have been changed by someone else (mode "
+                    f"{st.st_mode & 0o777:o}, owner {procinfo.user_name(st.st_uid)}); not running it: check who did"
+                )
+        return self.spec()
+
+    def processes(self, stats: list[procinfo.ProcStat] | None = None) -> dict[int, procinfo.ProcIdentity]:
+        """The run's live processes, each proven to be the run's (see procinfo.run_processes)."""
+        return procinfo.run_processes(f"{ENV_RUN_ID}={self.id}".encode(), self.child(), stats)
 
     def supervisor(self) -> procinfo.ProcIdentity | None:
-        return procinfo.ProcIdentity.from_json(self.proc().get("supervisor"))
+        return self._identity("supervisor")
 
     def exit(self) -> dict[str, Any] | None:
-        data = read_json(self.file(EXIT))
-        return data if isinstance(data, dict) else None
+        data = read_record(self.id, self.file(EXIT), finite=True)
+        if data is not None and not isinstance(data, dict):
+            raise CorruptFile(self.id, EXIT, "not a JSON object")
+        return data
 
     def watch(self) -> dict[str, Any]:
         """The supervisor's watch (see backends.watch); {} before its first verdict."""
@@ -255,9 +462,61 @@ class RunDir:
         return data if isinstance(data, dict) else {}
 
     def state(self) -> str:
-        return derive_state(self)
+        """`derive_state`, or `corrupt` as `info` tells it: when its spec, its proc.json, or a record
+        the state is derived from cannot be read."""
+        try:
+            self.spec()
+            self.proc()
+            return derive_state(self)
+        except CorruptFile:
+            return "corrupt"
+
+    def being_created(self) -> bool:
+        """True for a folder `RunStore.create` has just made and not yet written spec.json into."""
+        try:
+            return not self.file(SPEC).exists() and time.time() - self.path.stat().st_mtime < SPEC_WRITE_GRACE_S
+        except OSError:
+            return False
 
     def info(self) -> RunInfo:
+        """What `status` tells of the run; a run whose record cannot be read is `corrupt`, with the file and why."""
+        try:
+            return self._read_info()
+        except CorruptFile as exc:
+            return self.corrupt_info(exc.file, exc.reason)
+
+    def corrupt_info(self, file: str, reason: str) -> RunInfo:
+        """The run as `corrupt` because of `file`: its spec's fields if the spec is whole, its child's pid."""
+        spec: RunSpec | None = None
+        with contextlib.suppress(CorruptFile):
+            spec = self.spec()
+        child = self.child()
+        return {
+            "id": self.id,
+            "name": spec.name if spec else "",
+            "kind": spec.kind if spec else "unknown",
+            "state": "corrupt",
+            "phase": None,
+            "pid": child.pid if child else None,
+            "argv": mask_argv(spec.argv) if spec else [],
+            "env": mask_env(spec.env) if spec else {},
+            "gpus": spec.gpus if spec else [],
+            "started_at": None,
+            "ended_at": None,
+            "exit_code": None,
+            "signal": None,
+            "error": None,
+            "parent": spec.parent if spec else None,
+            "health": None,
+            "stalled_since": None,
+            "stall_kind": None,
+            "stack_dumps": None,
+            "diagnoses": [],
+            "corrupt": {"file": file, "reason": reason},
+            "truncated": [],
+        }
+
+    def _read_info(self) -> RunInfo:
         spec = self.spec()
         proc = self.proc()
         child = procinfo.ProcIdentity.from_json(proc.get("child"))
@@ -284,12 +543,34 @@ class RunDir:
             "stalled_since": watch.get("stalled_since"),
             "stall_kind": watch.get("stall_kind"),
             "stack_dumps": [f"{STACKS}/{name}" for name in dumps] if isinstance(dumps, list) and dumps else None,
-            "diagnoses": watch.get("diagnoses") or [],
+            "diagnoses": [*(watch.get("diagnoses") or []), *disk_full_diagnosis(ended)],
+            "corrupt": None,
+            "truncated": [],
         }
 
 
-def _killed_by_us(run: RunDir) -> bool:
-    return any(e.get("type") == "signal" for e in run.events())
+def disk_full_diagnosis(ended: dict[str, Any]) -> list[Diagnosis]:
+    """The full disk the supervisor met while the run ran (exit.json's `disk_full`), as a diagnosis."""
+    said = ended.get("disk_full")
+    if not isinstance(said, str):
+        return []
+    return [
+        {
+            "code": "disk_full",
+            "meaning": said,
+            "hint": "free space on that device; the run's log and metrics may have gaps from then on",
+            "line": "",
+        }
+    ]
+
+
+def _killed_by_us(run: RunDir, before: float | None = None) -> bool:
+    """Whether we signalled the run (kill, free-gpus) before `before`: a signal sent to what was left
+    of a run after it ended does not change how it ended."""
+    return any(
+        e.get("type") == "signal" and (before is None or (_is_number(e.get("t")) and e["t"] <= before))
+        for e in run.events()
+    )
 
 
 def derive_state(run: RunDir, watch: dict[str, Any] | None = None) -> str:
@@ -298,7 +579,8 @@ def derive_state(run: RunDir, watch: dict[str, Any] | None = None) -> str:
     if ended is not None:
         if ended.get("error"):
             return "failed"
-        if _killed_by_us(run):
+        ended_at = ended.get("ended_at")
+        if _killed_by_us(run, ended_at if _is_number(ended_at) else None):
             return "killed"
         return "exited" if ended.get("code") == 0 else "failed"
     proc = run.proc()  # read once: it names both processes
@@ -309,6 +591,9 @@ def derive_state(run: RunDir, watch: dict[str, Any] | None = None) -> str:
         watched = (run.watch() if watch is None else watch).get("state")
         alive = supervisor is not None and procinfo.is_alive(supervisor)
         return watched if alive and watched in ("ready", "stalled") else "running"
+    if child is not None and _killed_by_us(run):
+        # Our signal ended the child; its supervisor (stopped, or gone) has not written exit.json.
+        return "killed"
     if supervisor is not None and procinfo.is_alive(supervisor):
         # Between spawn and the child's record, or between its exit and exit.json.
         return "running" if child is not None else "starting"
@@ -336,22 +621,54 @@ class RunStore:
         self.workdir = workdir.expanduser()
         self.runs = self.workdir / "runs"
 
+    def secure(self) -> None:
+        """Refuse a store another user owns; make one that others could enter (older versions made
+        it 755) private. StoreError when it cannot be used."""
+        for folder in (self.workdir, self.runs):
+            try:
+                st = folder.stat()
+            except FileNotFoundError:
+                continue
+            except OSError as exc:
+                raise StoreError(f"cannot read the run store {folder}: {exc.strerror or exc}") from None
+            if st.st_uid != os.geteuid():
+                raise StoreError(
+                    f"the run store {folder} belongs to user {procinfo.user_name(st.st_uid)}; "
+                    "choose a --workdir of your own"
+                )
+            if st.st_mode & 0o077:
+                try:
+                    os.chmod(folder, st.st_mode & 0o700)
+                except OSError as exc:
+                    raise StoreError(f"cannot make the run store {folder} private: {exc.strerror or exc}") from None
+
     def create(self, spec: RunSpec) -> RunDir:
         """Make the run folder and write spec.json; StoreError when it cannot."""
         spec.validate()
         path: Path | None = None
         try:
-            self.runs.mkdir(parents=True, exist_ok=True)
+            private_dir(self.workdir)
+            private_dir(self.runs)
             while path is None:
                 candidate = self.runs / new_run_id()
                 with contextlib.suppress(FileExistsError):
-                    candidate.mkdir()
+                    candidate.mkdir(mode=PRIVATE_DIR)
                     path = candidate
+            os.chmod(path, PRIVATE_DIR)
             atomic_write_json(path / SPEC, spec.to_json())
-            (path / OUTPUT).touch()
+            # Made here, private, so that whoever appends to them later (the run itself) keeps them so.
+            for name in (OUTPUT, EVENTS, METRICS, SUPERVISOR_LOG):
+                os.close(open_private(path / name, os.O_WRONLY))
+            for name in RESERVED:
+                Reserved.make(path / f".{name}.reserved")
         except OSError as exc:
             if path is not None:
                 shutil.rmtree(path, ignore_errors=True)  # no half-made run left behind
+            if diskspace.is_full(exc):
+                raise StoreError(
+                    f"{diskspace.no_space_message(self.runs)}: the run was not created; free some space there "
+                    "or choose another --workdir"
+                ) from None
             raise StoreError(
                 f"cannot write the run store at {self.runs}: {exc.strerror or exc}; "
                 "fix its permissions or choose another --workdir"
