@@ -167,7 +167,11 @@ def kill(run: RunDir, signal_name: str = "TERM", grace: float = 10.0) -> KillRes
         """What is left of the run (the first targets and any newcomer) after up to `seconds`."""
         deadline = time.monotonic() + seconds
         while True:
-            left = {**_alive(targets), **run.processes()}
+            left = _alive(targets)
+            if not left:
+                # Cheap checks until the known ones are gone; only then the full scan for newcomers.
+                left = run.processes()
+                targets.update(left)
             if not left or time.monotonic() >= deadline:
                 return left
             time.sleep(POLL_S)
