@@ -15,17 +15,20 @@ import os
 import socket
 import sys
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import backends
 from backends import preflight, protocol, runctl
+from backends.bounded import bounded_info, within_budget
 from backends.convert import ConvertError, convert
 from backends.freegpus import FreePlan, free_gpus
 from backends.gpus import GpuSampler
 from backends.protocol import (
     MAX_LINE_BYTES,
+    MIN_INTERVAL_S,
     PROTOCOL_VERSION,
     STREAMS,
     TERMINAL_STATES,
@@ -37,7 +40,6 @@ from backends.protocol import (
     ProtocolError,
     Request,
     RunInfo,
-    RunProblem,
     StacksResult,
     StatusResult,
 )
@@ -60,6 +62,9 @@ POLL_MAX_S = 0.2
 # A quiet run's state (process liveness) is re-derived at most this often.
 STATE_CHECK_S = 1.0
 CHUNK_BYTES = 1024 * 1024
+# The most file bytes one reply to `logs` or `metrics` carries (the client asks again from next_offset):
+# well inside MAX_LINE_BYTES after base64 or JSON's escapes.
+REPLY_FILE_BYTES = 4 * 1024 * 1024
 
 
 def read_bytes(path: str | Path, offset: int, max_bytes: int) -> bytes:
@@ -133,10 +138,20 @@ class Agent:
         # Live run children by pid, refreshed before each GPU sample.
         self._owners: dict[int, str] = {}
         self.cwd = os.getcwd()
+        self._looking = asyncio.Lock()
+        self._next_look_at = 0.0
 
     # ----- plumbing -----
     async def send(self, msg: dict[str, Any]) -> None:
-        self.writer.write(protocol.encode(msg))
+        line = protocol.encode(msg)
+        if len(line) > MAX_LINE_BYTES and msg.get("ok"):
+            # The client could not read it and would lose the connection: refuse this one request instead.
+            message = (
+                f"the reply would be {len(line)} bytes, more than one message may carry ({MAX_LINE_BYTES}); "
+                "ask for less of it"
+            )
+            line = protocol.encode(protocol.error_reply(msg["id"], "too_large", message))
+        self.writer.write(line)
         await self.writer.drain()
 
     @property
@@ -223,31 +238,51 @@ class Agent:
             "python": sys.version.split()[0],
         }
 
-    def _runs(self) -> tuple[list[RunInfo], list[RunProblem]]:
+    def _runs(self) -> tuple[list[RunInfo], int]:
+        """Every run, each field within its bound, as many as fit in one reply; and how many did not fit."""
         infos: list[RunInfo] = []
-        problems: list[RunProblem] = []
         for run in self.store.all():
+            if run.being_created():
+                continue
             try:
-                infos.append(run.info())
-            except StoreError as exc:
-                problems.append({"run": run.id, "error": str(exc)})
-        return infos, problems
+                info = run.info()
+            except Exception as exc:  # whatever one run's files hold costs that run's row, never the status
+                info = run.corrupt_info("?", f"cannot be read ({type(exc).__name__}: {exc})")
+            infos.append(bounded_info(info))
+        return within_budget(infos)
+
+    @contextlib.asynccontextmanager
+    async def _paced_look(self) -> AsyncIterator[None]:
+        """One look at every run at a time, each MIN_INTERVAL_S after the last one ended: a client
+        that polls in a loop waits here rather than spinning the host's CPU."""
+        async with self._looking:
+            await asyncio.sleep(self._next_look_at - time.monotonic())
+            try:
+                yield
+            finally:
+                self._next_look_at = time.monotonic() + MIN_INTERVAL_S
 
     async def op_status(self, gpus: bool) -> StatusResult:
-        runs, problems = self._runs()
-        gpu_list = await asyncio.to_thread(self.sample_gpus) if gpus else []
+        async with self._paced_look():
+            runs, omitted = self._runs()
+            gpu_list = await asyncio.to_thread(self.sample_gpus) if gpus else []
         return {
             "host": socket.gethostname(),
             "gpu_source": self.sampler.source if gpus else "none",
             "gpu_error": self.gpu_error() if gpus else None,
             "runs": runs,
             "gpus": gpu_list,
-            "problems": problems,
+            "omitted": omitted,
         }
 
     async def op_list_runs(self) -> dict[str, Any]:
-        runs, problems = self._runs()
-        return {"runs": runs, "problems": problems}
+        async with self._paced_look():
+            runs, omitted = self._runs()
+        return {"runs": runs, "omitted": omitted}
+
+    async def op_run_info(self, run: str) -> RunInfo:
+        """One run whole: every field that `status` cuts to keep its reply bounded."""
+        return self.store.get(run).info()
 
     async def op_launch(self, **args: Any) -> dict[str, Any]:
         spec = runctl.checked_spec(args, self.cwd)
@@ -317,10 +352,13 @@ class Agent:
     async def op_logs(self, run: str, offset: int | None, tail: int | None, max_bytes: int) -> LogChunk | Any:
         rundir = self.store.get(run)
         path = rundir.file(OUTPUT)
-        size = file_size(path)
-        if offset is None:
-            offset = tail_offset(path, tail) if tail is not None else 0
-        data = read_bytes(path, offset, max_bytes)
+        try:
+            size = os.stat(path).st_size
+            if offset is None:
+                offset = tail_offset(path, tail) if tail is not None else 0
+        except FileNotFoundError:
+            raise runctl.OpError("no_output", f"run {rundir.id} has no {OUTPUT} (removed?)") from None
+        data = read_bytes(path, offset, min(max_bytes, REPLY_FILE_BYTES))
         return {
             "offset": offset,
             "next_offset": offset + len(data),
@@ -331,7 +369,7 @@ class Agent:
 
     async def op_metrics(self, run: str, offset: int) -> MetricsResult:
         rundir = self.store.get(run)
-        rows, skipped, next_offset = read_jsonl(rundir.file(METRICS), offset)
+        rows, skipped, next_offset = read_jsonl(rundir.file(METRICS), offset, REPLY_FILE_BYTES)
         dict_rows = [r for r in rows if isinstance(r, dict)]
         return {"rows": dict_rows, "skipped": skipped + len(rows) - len(dict_rows), "next_offset": next_offset}
 
@@ -340,8 +378,8 @@ class Agent:
         bad = [k for k, v in offsets.items() if k not in STREAMS or not isinstance(v, int) or v < 0]
         if bad:
             raise runctl.OpError("bad_args", f"offsets: unknown stream or bad offset for {', '.join(bad)}")
-        if gpu_interval is not None and gpu_interval < 0.1:
-            raise runctl.OpError("bad_args", "gpu_interval must be at least 0.1 s")
+        if gpu_interval is not None and gpu_interval < MIN_INTERVAL_S:
+            raise runctl.OpError("bad_args", f"gpu_interval must be at least {MIN_INTERVAL_S} s")
         sub = Subscription(
             id=self.next_sub,
             run=rundir,
@@ -369,7 +407,10 @@ class Agent:
             now = time.monotonic()
             moved = False
             for sub in list(self.subs.values()):
-                moved |= await self.poll_sub(sub, now)
+                try:
+                    moved |= await self.poll_sub(sub, now)
+                except Exception as exc:  # what one subscription meets ends it, never the others' streams
+                    await self.end(sub, sub.last_state, f"its stream stopped: {type(exc).__name__}: {exc}")
                 if sub.ended:
                     self.subs.pop(sub.id, None)
             pause = POLL_MIN_S if moved else min(POLL_MAX_S, pause * 2)
@@ -394,17 +435,26 @@ class Agent:
         if not moved and now < sub.next_state_at:
             return False
         sub.next_state_at = now + STATE_CHECK_S
+        if not sub.run.path.is_dir():
+            await self.end(sub, sub.last_state, f"its folder {sub.run.path} is gone; nothing more will come")
+            return moved
         state = sub.run.state()
         if state != sub.last_state:
             sub.last_state = state
             await self.send(protocol.stream_message(sub.id, "state", {"run": sub.run.id, "state": state}))
         if state in TERMINAL_STATES and not moved:
             # Everything written before the end has been delivered: say so once.
-            sub.ended = True
-            await self.send(
-                protocol.stream_message(sub.id, "end", {"run": sub.run.id, "state": state, "offsets": sub.offsets})
-            )
+            corrupt = sub.run.info()["corrupt"] if state == "corrupt" else None
+            await self.end(sub, state, f"{corrupt['file']}: {corrupt['reason']}" if corrupt else None)
         return moved
+
+    async def end(self, sub: Subscription, state: str | None, error: str | None = None) -> None:
+        """The subscription's last message: the run's state, and `error` when the run did not simply end."""
+        sub.ended = True
+        body: dict[str, Any] = {"run": sub.run.id if sub.run else None, "state": state, "offsets": sub.offsets}
+        if error is not None:
+            body["error"] = f"run {sub.run.id}: {error}" if sub.run else error
+        await self.send(protocol.stream_message(sub.id, "end", body))
 
     async def pump(self, sub: Subscription, stream: str, path: str) -> bool:
         offset = sub.offsets[stream]
@@ -448,6 +498,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m backends.agent", description=__doc__)
     parser.add_argument("--workdir", type=Path, default=DEFAULT_WORKDIR, help="run store folder (default %(default)s)")
     args = parser.parse_args(argv)
+    try:
+        RunStore(args.workdir).secure()
+    except StoreError as exc:
+        print(f"agent: {exc}", file=sys.stderr)
+        return 1
     try:
         asyncio.run(run_agent(args.workdir))
     except KeyboardInterrupt:

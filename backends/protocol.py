@@ -13,16 +13,22 @@ from __future__ import annotations
 
 import copy
 import json
+import math
+import os
 from dataclasses import dataclass
 from typing import Any, Literal, TypedDict
 
 PROTOCOL_VERSION = 1
 MAX_LINE_BYTES = 16 * 1024 * 1024
+# The shortest time between two looks a client may ask for (watch, GPU samples, status polls):
+# any shorter only spins the host's CPU.
+MIN_INTERVAL_S = 0.2
 
 RunKind = Literal["extract", "train", "serve", "command"]
 RUN_KINDS: tuple[str, ...] = ("extract", "train", "serve", "command")
-RunState = Literal["starting", "running", "ready", "stalled", "exited", "failed", "killed", "lost"]
-TERMINAL_STATES: frozenset[str] = frozenset({"exited", "failed", "killed", "lost"})
+RunState = Literal["starting", "running", "ready", "stalled", "exited", "failed", "killed", "lost", "corrupt"]
+# `corrupt`: a file of the run's record cannot be read, so nothing more can be told of it until it is repaired.
+TERMINAL_STATES: frozenset[str] = frozenset({"exited", "failed", "killed", "lost", "corrupt"})
 GpuSourceName = Literal["nvml", "nvidia-smi", "none"]
 SIGNAL_NAMES: tuple[str, ...] = ("TERM", "INT", "KILL")
 STREAMS: tuple[str, ...] = ("log", "metrics", "events")
@@ -35,6 +41,13 @@ class Diagnosis(TypedDict):
     meaning: str
     hint: str
     line: str
+
+
+class CorruptFile(TypedDict):
+    """Why a run is `corrupt`: which file of its folder, and what is wrong with it."""
+
+    file: str
+    reason: str
 
 
 class RunInfo(TypedDict):
@@ -58,6 +71,8 @@ class RunInfo(TypedDict):
     stall_kind: str | None  # idle | spinning (GPUs held by kernels that do no work)
     stack_dumps: list[str] | None
     diagnoses: list[Diagnosis]
+    corrupt: CorruptFile | None  # set when state is `corrupt`
+    truncated: list[str]  # fields cut to keep a reply bounded (`status RUN` gives the run whole)
 
 
 class GpuProcess(TypedDict):
@@ -81,18 +96,13 @@ class GpuInfo(TypedDict):
     processes: list[GpuProcess]
 
 
-class RunProblem(TypedDict):
-    run: str
-    error: str
-
-
 class StatusResult(TypedDict):
     host: str
     gpu_source: GpuSourceName
     gpu_error: str | None  # why the source is not NVML, or what the last sample could not read
     runs: list[RunInfo]
     gpus: list[GpuInfo]
-    problems: list[RunProblem]  # run folders that cannot be read (corrupt spec.json, ...)
+    omitted: int  # runs left out to keep the reply bounded (the oldest ended ones first)
 
 
 class KilledProcess(TypedDict):
@@ -221,6 +231,7 @@ OPS: dict[str, _ArgSpec] = {
     "hello": {},
     "status": {"gpus": (_BOOL, False, True)},
     "list_runs": {},
+    "run_info": {"run": (_STR, True, None)},
     "launch": {
         "kind": (_STR, True, None),
         "argv": (_LIST, True, None),
@@ -336,11 +347,61 @@ def _check_args(op: str, args: dict[str, Any], request_id: int | str) -> dict[st
         if (isinstance(value, bool) and bool not in types) or not isinstance(value, types):
             wanted = "/".join("null" if t is type(None) else t.__name__ for t in types)
             raise ProtocolError("bad_args", f"{op}: '{name}' must be {wanted}", request_id)
-        # Every number in a request (offsets, counts, seconds) is non-negative; NaN is not.
-        if isinstance(value, (int, float)) and not isinstance(value, bool) and not value >= 0:
+        # Every number in a request (offsets, counts, seconds) is finite and non-negative.
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ProtocolError("bad_args", f"{op}: '{name}' must be a finite number, not {value}", request_id)
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and value < 0:
             raise ProtocolError("bad_args", f"{op}: '{name}' must not be negative", request_id)
+        problem = _text_problem(name, value)
+        if problem is None and isinstance(value, dict) and name == "env":
+            problem = next(filter(None, map(env_name_problem, value)), None)
+        if problem is not None:
+            raise ProtocolError("bad_args", f"{op}: {problem}", request_id)
         checked[name] = value
     return checked
+
+
+def passable_problem(text: str) -> str | None:
+    """Why `text` cannot reach a program as an argument, an environment entry or a path; None if it can."""
+    if "\x00" in text:
+        return "contains a NUL byte, which no command line, environment or path can hold"
+    try:
+        os.fsencode(text)
+    except UnicodeEncodeError as exc:
+        return f"contains {text[exc.start]!r}, which no command line, environment or path can hold"
+    return None
+
+
+def env_name_problem(name: str) -> str | None:
+    """Why `name` cannot be an environment variable's name; None if it can."""
+    if not name:
+        return "an environment variable needs a name: give NAME=VALUE"
+    if "=" in name:
+        return f"environment variable name {_shown(name)} contains '=': give NAME=VALUE"
+    problem = passable_problem(name)
+    return None if problem is None else f"environment variable name {_shown(name)} {problem}"
+
+
+def _shown(text: str, limit: int = 40) -> str:
+    """`text` quoted for a one-line message: escaped, and cut when long."""
+    return repr(text if len(text) <= limit else text[:limit] + "…")
+
+
+def _text_problem(where: str, value: object) -> str | None:
+    """The first string in `value` (an argument, with its items and keys) that cannot reach a program."""
+    pending: list[tuple[str, object]] = [(where, value)]  # a stack, not recursion: JSON nests deep
+    while pending:
+        at, item = pending.pop()
+        if isinstance(item, str):
+            problem = passable_problem(item)
+            if problem is not None:
+                return f"{at} {problem}"
+        elif isinstance(item, list):
+            pending += [(f"{at}[{i}]", inner) for i, inner in reversed(list(enumerate(item)))]
+        elif isinstance(item, dict):
+            for key, inner in reversed(list(item.items())):
+                pending += [(f"{at}[{_shown(key)}]", inner), (f"{at} name {_shown(key)}", key)]
+    return None
 
 
 def request_line(request_id: int | str, op: str, args: dict[str, Any]) -> bytes:

@@ -10,6 +10,7 @@ import argparse
 import asyncio
 import base64
 import json
+import math
 import os
 import sys
 import time
@@ -19,7 +20,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from backends.doctor import format_result
 from backends.metrics_sources import parse_source
-from backends.protocol import RUN_KINDS, SIGNAL_NAMES, TERMINAL_STATES
+from backends.protocol import MIN_INTERVAL_S, RUN_KINDS, SIGNAL_NAMES, TERMINAL_STATES
 from backends.sglang_facts import (
     DEFAULT_PORT,
     DRAFT_PATH_FLAGS,
@@ -69,13 +70,30 @@ def env_pair(text: str) -> tuple[str, str]:
     return name, value
 
 
-def positive(text: str) -> float:
+def seconds(text: str) -> float:
+    """A time in seconds, 0 or more: not nan, not inf."""
     try:
         value = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+        value = math.nan
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds")
     if value < 0:
         raise argparse.ArgumentTypeError("seconds cannot be negative")
+    return value
+
+
+def stall_window(text: str) -> float:
+    value = seconds(text)
+    if value == 0:
+        raise argparse.ArgumentTypeError("a stall window is more than 0 seconds")
+    return value
+
+
+def interval(text: str) -> float:
+    value = seconds(text)
+    if value < MIN_INTERVAL_S:
+        raise argparse.ArgumentTypeError(f"give at least {MIN_INTERVAL_S} s: a shorter interval only spins the host")
     return value
 
 
@@ -109,7 +127,8 @@ def build_parser() -> Parser:
     parser.add_argument("host", metavar="HOST", help="'local', or [user@]host[:port] over SSH")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
 
-    p = sub.add_parser("status", help="runs and GPUs")
+    p = sub.add_parser("status", help="runs and GPUs; with RUN, that run whole")
+    p.add_argument("run", nargs="?", metavar="RUN", help="one run, every field whole (the runs table cuts large ones)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
 
     p = sub.add_parser("launch", help="start a run: launch KIND [options] -- ARGV...")
@@ -117,7 +136,7 @@ def build_parser() -> Parser:
     p.add_argument("--name", help="a name to find the run by")
     p.add_argument("--gpus", type=gpu_list, default=[], help="GPUs for CUDA_VISIBLE_DEVICES, e.g. 0,1")
     p.add_argument("--health-url", help="URL polled for health (serve runs)")
-    p.add_argument("--stall-after", type=positive, help="seconds of silence before the run counts as stalled")
+    p.add_argument("--stall-after", type=stall_window, help="seconds of silence before the run counts as stalled")
     p.add_argument("--env", type=env_pair, action="append", default=[], help="NAME=VALUE for the run (repeatable)")
     p.add_argument("--cwd", help="working directory of the run (default: the current one)")
     p.add_argument(
@@ -131,7 +150,7 @@ def build_parser() -> Parser:
     p.add_argument("--json", action="store_true")
 
     p = sub.add_parser("watch", help="print every run's changes of state as they happen, until Ctrl-C")
-    p.add_argument("--interval", type=positive, default=2.0, help="seconds between looks (default 2)")
+    p.add_argument("--interval", type=interval, default=2.0, help="seconds between looks (default 2)")
     p.add_argument(
         "--json", action="store_true", help="one JSON object per change: t, from, to, and the run as status gives it"
     )
@@ -143,14 +162,14 @@ def build_parser() -> Parser:
     p = sub.add_parser("kill", help="stop a run: SIGTERM, grace period, then SIGKILL")
     p.add_argument("run", metavar="RUN", help="run id, unique id prefix, or name")
     p.add_argument("--signal", choices=SIGNAL_NAMES, default="TERM")
-    p.add_argument("--grace", type=positive, default=10.0, help="seconds before SIGKILL (default 10)")
+    p.add_argument("--grace", type=seconds, default=10.0, help="seconds before SIGKILL (default 10)")
     p.add_argument("--json", action="store_true")
 
     p = sub.add_parser("relaunch", help="start a copy of a run with flags changed (stops the old one)")
     p.add_argument("run", metavar="RUN")
     p.add_argument("--set", dest="sets", action="append", default=[], metavar="FLAG[=VALUE]")
     p.add_argument("--unset", dest="unsets", action="append", default=[], metavar="FLAG")
-    p.add_argument("--grace", type=positive, default=10.0)
+    p.add_argument("--grace", type=seconds, default=10.0)
     p.add_argument("--force", action="store_true", help="relaunch even when doctor finds errors in the draft")
     p.add_argument("--dry-run", action="store_true", help="show the new command line and its checks; stop nothing")
     p.add_argument("--json", action="store_true")
@@ -159,7 +178,7 @@ def build_parser() -> Parser:
     p.add_argument("--gpus", type=gpu_list, help="GPU indices (default: all)")
     p.add_argument("--dry-run", action="store_true", help="show the plan only")
     p.add_argument("--yes", action="store_true", help="do it without asking")
-    p.add_argument("--timeout", type=positive, default=15.0, help="seconds to wait for memory to be released")
+    p.add_argument("--timeout", type=seconds, default=15.0, help="seconds to wait for memory to be released")
     p.add_argument("--json", action="store_true")
 
     p = sub.add_parser("logs", help="a run's output")
@@ -203,7 +222,7 @@ def build_parser() -> Parser:
     p.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"the server's port (default {DEFAULT_PORT})")
     p.add_argument("--python", default="python3", help="the host interpreter that has SGLang (default python3)")
     p.add_argument("--env", type=env_pair, action="append", default=[], help="NAME=VALUE for the run (repeatable)")
-    p.add_argument("--stall-after", type=positive, help="seconds of idle silence that make the launch stalled (30)")
+    p.add_argument("--stall-after", type=stall_window, help="seconds of idle silence that make the launch stalled (30)")
     p.add_argument("--force", action="store_true", help="launch even when SGLang's parser or doctor refuses it")
     p.add_argument("--follow", action="store_true", help="print the startup phases until the server is ready")
 
@@ -245,8 +264,11 @@ def as_flag(text: str) -> str:
     return text if text.startswith("-") else f"--{text}"
 
 
-def make_transport(ns: argparse.Namespace, trust_new_key: TrustNewKey | None = None) -> Transport:
-    """`trust_new_key` decides on a host key seen for the first time; None refuses it."""
+def make_transport(
+    ns: argparse.Namespace, trust_new_key: TrustNewKey | None = None, say: Callable[[str], None] | None = None
+) -> Transport:
+    """`trust_new_key` decides on a host key seen for the first time; None refuses it. `say` tells the person
+    what the transport put right on the host (a repaired copy of the agent); None: a line on stderr."""
     if ns.host == "local":
         if ns.remote_python is not None:
             raise UsageError("--remote-python names the Python of an SSH host; 'local' runs the agent with this one")
@@ -258,6 +280,8 @@ def make_transport(ns: argparse.Namespace, trust_new_key: TrustNewKey | None = N
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     transport.trust_new_key = trust_new_key
+    if say is not None:
+        transport.say = say
     return transport
 
 
@@ -289,6 +313,10 @@ Command = Callable[[AgentClient, argparse.Namespace, list[str]], Awaitable[int]]
 
 
 async def cmd_status(client: AgentClient, ns: argparse.Namespace, _: list[str]) -> int:
+    if ns.run is not None:
+        run = await client.request("run_info", run=ns.run)
+        dump(run) if ns.json else out(render.run_text(run))
+        return EXIT_OK
     status = await client.request("status")
     if ns.json:
         dump(status)
@@ -445,6 +473,9 @@ async def cmd_logs(client: AgentClient, ns: argparse.Namespace, _: list[str]) ->
     async for msg in follow(client, ns.run, {"log": offset, "metrics": PAST_END, "events": PAST_END}, note):
         if msg["stream"] == "log":
             write_log(msg["data_b64"])
+        elif msg["stream"] == "end" and msg.get("error"):
+            note(msg["error"])
+            return EXIT_FAILED
     return EXIT_OK
 
 
@@ -457,6 +488,9 @@ async def follow_metrics(client: AgentClient, run: str, wide: bool = False) -> i
             for line in table.lines([r for r in msg["rows"] if isinstance(r, dict)]):
                 out(line)
         elif msg["stream"] == "end":
+            if msg.get("error"):
+                note(msg["error"])
+                return EXIT_FAILED
             final = msg["state"]
     note(f"run {run} {final}")
     return EXIT_OK if final == "exited" else EXIT_FAILED
@@ -467,8 +501,15 @@ async def cmd_metrics(client: AgentClient, ns: argparse.Namespace, _: list[str])
         return await follow_metrics(client, ns.run, ns.wide)
     if ns.tail is not None and ns.tail < 0:
         raise UsageError("--tail needs a count of rows, 0 or more")
-    result = await client.request("metrics", run=ns.run)
-    rows = result["rows"]
+    rows: list[dict[str, Any]] = []
+    skipped = offset = 0
+    while True:  # a reply holds a few MiB of the file: ask again from where it stopped
+        result = await client.request("metrics", run=ns.run, offset=offset)
+        rows += result["rows"]
+        skipped += result["skipped"]
+        if result["next_offset"] == offset:
+            break
+        offset = result["next_offset"]
     if ns.tail is not None:
         rows = rows[max(0, len(rows) - ns.tail) :]
     if ns.json:
@@ -478,8 +519,8 @@ async def cmd_metrics(client: AgentClient, ns: argparse.Namespace, _: list[str])
         out(render.metrics_table(rows))
     else:
         out("no metrics yet")
-    if result["skipped"]:
-        note(f"skipped {result['skipped']} malformed metric line(s)")
+    if skipped:
+        note(f"skipped {skipped} malformed metric line(s)")
     return EXIT_OK
 
 
@@ -550,7 +591,7 @@ async def follow_startup(client: AgentClient, run: str) -> int:
     offsets = {"log": PAST_END, "metrics": PAST_END, "events": 0}
     async for msg in follow(client, run, offsets, note):
         if msg["stream"] == "end":
-            note(f"run {run} {msg['state']} before it was ready; see `logs {run}`")
+            note(msg.get("error") or f"run {run} {msg['state']} before it was ready; see `logs {run}`")
             return EXIT_FAILED
         for event in msg.get("rows", []) if msg["stream"] == "events" else []:
             line = render.startup_event(event)
@@ -629,7 +670,11 @@ def open_console(ns: argparse.Namespace) -> int:
     from console.tui.app import ConsoleApp
 
     # A new host key is for the console to decide: it asks in a dialog (the app exists by then).
-    transport = make_transport(ns, lambda offered: app.trust_new_key(offered))
+    transport = make_transport(
+        ns,
+        lambda offered: app.trust_new_key(offered),
+        lambda text: app.notify(text, severity="warning", timeout=30, markup=False),
+    )
     app = ConsoleApp(transport, readonly=ns.readonly, accept_new_host_key=ns.accept_new_host_key)
     app.run()
     return EXIT_FAILED if app.return_code else EXIT_OK

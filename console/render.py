@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import shlex
 import time
+import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -12,6 +13,31 @@ from typing import Any, Literal
 from backends.serve_flags import server_command
 
 NA = "n/a"
+# What a terminal acts on rather than shows: controls (ESC, newline, BEL), format characters (bidi
+# overrides), line and paragraph separators; and lone surrogates, which no terminal can be sent.
+HIDDEN_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Zl", "Zp"})
+NAMED_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def printable(text: str) -> str:
+    """`text` safe to show in one cell or line: each character a terminal would act on is written
+    as its escape (`\\x1b`, `\\n`, `\\u202e`), so a run's name or command cannot move the cursor,
+    recolour the screen or break a table's row."""
+    if text.isprintable():
+        return text
+    return "".join(_escaped(ch) if unicodedata.category(ch) in HIDDEN_CATEGORIES else ch for ch in text)
+
+
+def _escaped(ch: str) -> str:
+    code = ord(ch)
+    if ch in NAMED_ESCAPES:
+        return NAMED_ESCAPES[ch]
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
+
+
+def command_line(argv: list[str]) -> str:
+    """A run's argv as one shell-quoted, printable line."""
+    return printable(shlex.join(argv))
 
 
 def cell(value: object) -> str:
@@ -23,6 +49,8 @@ def cell(value: object) -> str:
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    headers = [printable(h) for h in headers]
+    rows = [[printable(c) for c in row] for row in rows]
     widths = [len(h) for h in headers]
     for row in rows:
         widths = [max(w, len(c)) for w, c in zip(widths, row, strict=True)]
@@ -62,15 +90,15 @@ def runs_table(runs: list[dict[str, Any]], gpus: list[dict[str, Any]] | None = N
     rows = [
         [
             r["id"],
-            truncate(r["name"], 20),
+            truncate(printable(r["name"]), 20),
             r["kind"],
             r["state"],
-            truncate(r.get("phase") or "-", 24),
+            truncate(printable(r.get("phase") or "-"), 24),
             cell(r["pid"]) if r["pid"] else "-",
             exit_text(r),
             truncate(on_gpus.get(r["id"], "-"), 24),
             clock(r["started_at"]),
-            truncate(shlex.join(r["argv"]), 60),
+            truncate(command_line(r["argv"]), 60),
         ]
         for r in runs
     ]
@@ -106,6 +134,7 @@ ANNOUNCED: dict[str, Severity] = {
     "stalled": "warning",
     "failed": "error",
     "lost": "error",
+    "corrupt": "error",
 }
 
 
@@ -129,7 +158,8 @@ def state_changes(before: dict[str, str], runs: list[dict[str, Any]]) -> list[St
             why = f": {run['diagnoses'][0]['code']}"
         move = f"{was} → {now}" if was is not None else f"new {run['kind']} run, {now}"
         severity = ANNOUNCED.get(now) if was is not None else None
-        changes.append(StateChange(run["id"], was, f"{run['name']} ({run['id']}): {move}{why}", severity))
+        text = printable(f"{run['name']} ({run['id']}): {move}{why}")
+        changes.append(StateChange(run["id"], was, text, severity))
     return changes
 
 
@@ -141,7 +171,39 @@ def run_notes(runs: list[dict[str, Any]]) -> list[str]:
             notes.append(f"run {r['id']} {stall_text(r)}")
         for d in r.get("diagnoses") or []:
             notes.append(f"run {r['id']}: {d['code']}: {d['meaning']}; try: {d['hint']}")
-    return notes
+        if r.get("corrupt"):
+            notes.append(corrupt_text(r))
+    return [printable(note) for note in notes]
+
+
+def corrupt_text(run: dict[str, Any]) -> str:
+    corrupt = run["corrupt"]
+    return (
+        f"run {run['id']} is corrupt: {corrupt['file']}: {corrupt['reason']}; "
+        f"repair that file or move runs/{run['id']} away"
+    )
+
+
+def run_text(run: dict[str, Any]) -> str:
+    """One run whole, a field a line (`status RUN`): nothing of it is cut."""
+    fields = [
+        ("run", run["id"]),
+        ("name", run["name"] or "-"),
+        ("kind", run["kind"]),
+        ("state", run["state"] + (f" in {run['phase']}" if run.get("phase") else "")),
+        ("pid", cell(run["pid"]) if run["pid"] else "-"),
+        ("exit", exit_text(run)),
+        ("started", clock(run["started_at"])),
+        ("ended", clock(run["ended_at"])),
+        ("gpus", ",".join(str(g) for g in run["gpus"]) or "-"),
+        ("health", run.get("health") or "-"),
+        ("parent", run.get("parent") or "-"),
+        ("command", command_line(run["argv"])),
+        *(("env", f"{name}={value}") for name, value in run["env"].items()),
+        *([("error", run["error"])] if run.get("error") else []),
+    ]
+    lines = [printable(f"{name:<8} {value}") for name, value in fields]
+    return "\n".join(lines + run_notes([run]))
 
 
 def mem(used: int | None, total: int | None) -> str:
@@ -175,8 +237,11 @@ def status_text(status: dict[str, Any]) -> str:
     notes = run_notes(status["runs"])
     if notes:
         parts.append("\n".join(notes))
-    for problem in status.get("problems", []):
-        parts.append(f"unreadable run {problem['run']}: {problem['error']}")
+    cut = [r["id"] for r in status["runs"] if r.get("truncated")]
+    if cut:
+        parts.append(f"cut to keep this reply small: {', '.join(cut)}; `status RUN` shows a run whole")
+    if status.get("omitted"):
+        parts.append(f"{status['omitted']} older runs not shown, to keep this reply small; `status RUN` shows any run")
     if status["gpus"]:
         parts.append(f"GPUs (via {status['gpu_source']})\n" + gpus_table(status["gpus"]))
     else:
@@ -257,14 +322,15 @@ class LiveTable:
         self.min_width = min_width
 
     def _line(self, cells: list[str]) -> str:
-        return "  ".join(c.rjust(max(self.min_width, len(name))) for c, name in zip(cells, self.columns, strict=True))
+        cells, names = [printable(c) for c in cells], [printable(name) for name in self.columns]
+        return "  ".join(c.rjust(max(self.min_width, len(name))) for c, name in zip(cells, names, strict=True))
 
     def lines(self, rows: list[dict[str, Any]]) -> list[str]:
         out: list[str] = []
         for row in rows:
             keys = list(row) if self.wide else compact_columns(row)
             if any(k.startswith("val_") for k in row):
-                out.append("eval " + "  ".join(f"{k}={cell(row[k])}" for k in keys))
+                out.append(printable("eval " + "  ".join(f"{k}={cell(row[k])}" for k in keys)))
                 continue
             new = [k for k in keys if k not in self.columns]
             if new or not self.columns:
@@ -292,7 +358,11 @@ def startup_event(event: dict[str, Any]) -> str | None:
 
 def relaunch_preview(result: dict[str, Any]) -> str:
     """What a relaunch would start, and what the pre-launch checks said of it (nothing was stopped)."""
-    lines = [f"would stop run {result['parent']} and start:", f"  {shlex.join(result['argv'])}"]
+    if result["would_stop"]:
+        head = f"would stop run {result['parent']} and start:"
+    else:
+        head = f"run {result['parent']} has no live process to stop; would start:"
+    lines = [head, f"  {command_line(result['argv'])}"]
     flags, verdict = result.get("flags"), result.get("doctor")
     if flags is not None:
         lines.append(f"{flags['severity']}: {flags['message']}")
@@ -302,4 +372,4 @@ def relaunch_preview(result: dict[str, Any]) -> str:
         lines.append(f"doctor: {verdict['errors']} error(s), {verdict['warnings']} warning(s)")
         notable = [f for f in verdict["findings"] if f["severity"] != "info"]
         lines += [f"  {f['severity'].upper()} {f['code']}: {f['message']}" for f in notable]
-    return "\n".join(lines)
+    return "\n".join(printable(line) for line in lines)

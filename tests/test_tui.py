@@ -80,7 +80,7 @@ async def test_runs_gpus_details_log_and_curves_appear(workdir: Path, nvml_state
         assert table.selected_run() == run_id
         gpus = str(app.query_one(GpuPanel).render())
         assert "H200" in gpus and "87%" in gpus and f"run {run_id}" in gpus
-        await until(pilot, lambda: table.get_row(run_id)[-1] == "0:87%", what="the run's GPU")
+        await until(pilot, lambda: str(table.get_row(run_id)[-1]) == "0:87%", what="the run's GPU")
         assert "trainer" in str(app.query_one(RunDetail).render())
         loss = app.query_one("#curve-a", LineChart)
         acc = app.query_one("#curve-b", LineChart)

@@ -179,7 +179,7 @@ class ConsoleApp(App[None]):
             for change in render.state_changes(self.states, runs):
                 if change.severity is not None:
                     timeout = LOUD_TIMEOUT_S if change.severity != "information" else None
-                    self.notify(change.text, severity=change.severity, timeout=timeout)
+                    self.notify(change.text, severity=change.severity, timeout=timeout, markup=False)
         self.states = {run["id"]: run["state"] for run in runs}
 
     def select_run(self, run_id: str) -> None:
@@ -216,7 +216,10 @@ class ConsoleApp(App[None]):
         await self.connected.wait()
         try:
             chunk = await self.client.request("logs", run=run_id, tail=LOG_TAIL_LINES)
-        except (AgentError, TransportError):
+        except AgentError as exc:  # its output.log is gone: say so where the log would be
+            log.write(f"— {exc.message} —")
+            return
+        except TransportError:
             return
         partial = self.write_log(log, b"", chunk["data_b64"])
         offsets = {"log": chunk["next_offset"], "metrics": 0, "events": PAST_END}
@@ -234,7 +237,8 @@ class ConsoleApp(App[None]):
                 elif msg["stream"] == "metrics":
                     self.plot([row for row in msg["rows"] if isinstance(row, dict)], charts)
                 elif msg["stream"] == "end":
-                    log.write(f"— run {run_id} {msg['state']} —")
+                    ended = msg.get("error") or f"run {run_id} {msg['state']}"
+                    log.write(f"— {ended} —")
                     return
             offsets = dict(sub.offsets)  # the link dropped: resume here once the poll has reconnected
             while self.generation == generation:
@@ -267,7 +271,7 @@ class ConsoleApp(App[None]):
         if run is None or run["state"] in TERMINAL_STATES:
             self.notify("select a live run to kill", severity="warning")
             return
-        question = f"Send SIGTERM to run {run['id']} ({run['name']}, pid {run['pid']})?"
+        question = f"Send SIGTERM to run {run['id']} ({render.printable(run['name'])}, pid {run['pid']})?"
         details = f"SIGKILL follows after {KILL_GRACE_S:.0f} s for whatever is left of it."
 
         def answered(yes: bool | None) -> None:

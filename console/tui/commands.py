@@ -7,6 +7,9 @@ from functools import partial
 from typing import TYPE_CHECKING, cast
 
 from textual.command import DiscoveryHit, Hit, Provider
+from textual.markup import escape
+
+from console.render import printable
 
 if TYPE_CHECKING:
     from console.tui.app import ConsoleApp
@@ -14,9 +17,11 @@ if TYPE_CHECKING:
 
 class RunCommands(Provider):
     def _runs(self) -> list[tuple[str, str]]:
+        """Each run's line, as the markup the palette takes: escaped, for a name may hold brackets."""
         app = cast("ConsoleApp", self.app)
         return [
-            (f"run {run['name']} ({run['state']}) {run['id']}", run["id"]) for run in reversed(list(app.runs.values()))
+            (escape(printable(f"run {run['name']} ({run['state']}) {run['id']}")), run["id"])
+            for run in reversed(list(app.runs.values()))
         ]
 
     async def discover(self) -> AsyncGenerator[DiscoveryHit, None]:

@@ -12,6 +12,8 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, Static
 
+from console.render import command_line
+
 # Flags a person most often relaunches SGLang with when a launch misbehaves.
 RELAUNCH_PRESETS = ("--disable-cuda-graph", "--disable-custom-all-reduce", "--mem-fraction-static=0.8")
 
@@ -45,9 +47,10 @@ class ConfirmScreen(ModalScreen[bool]):
 
     def compose(self) -> ComposeResult:
         with Vertical():
-            yield Label(self.question, id="question")
+            # Text, not markup: a run's name or command line may hold brackets.
+            yield Label(Text(self.question), id="question")
             if self.details:
-                yield Static(self.details, id="details")
+                yield Static(Text(self.details), id="details")
             with Horizontal():
                 yield Button("Cancel (n)", id="cancel", variant="primary")
                 yield Button("Yes (y)", id="yes", variant="error")
@@ -75,8 +78,8 @@ class RelaunchScreen(ModalScreen[tuple[list[str], list[str]] | None]):
 
     def compose(self) -> ComposeResult:
         with Vertical():
-            yield Label(f"Relaunch run {self.run}: stop it, then start a copy with these flags changed")
-            yield Static(shlex.join(self.argv), id="argv")
+            yield Label(f"Relaunch run {self.run}: start a copy with these flags changed (a live run is stopped first)")
+            yield Static(Text(command_line(self.argv)), id="argv")
             yield Input(placeholder="--disable-cuda-graph  --mem-fraction-static=0.8  -cuda-graph-max-bs", id="flags")
             yield Static("Enter relaunches; a flag written -name (one dash) is removed. Presets:", id="hint")
             with Horizontal():

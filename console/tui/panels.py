@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import shlex
 from typing import Any
 
 from rich.text import Text
 from textual.widgets import DataTable, Static
 
-from console.render import exit_text, run_gpus, stall_text
+from console.render import command_line, corrupt_text, exit_text, printable, run_gpus, stall_text
 
 # A state is shown by its word and a colour together (never by colour alone).
 STATE_STYLES = {
@@ -20,13 +19,32 @@ STATE_STYLES = {
     "failed": "bold red",
     "killed": "magenta",
     "lost": "bold red",
+    "corrupt": "bold white on red",
 }
 COMMAND_CHARS = 160  # a long command line (a whole script in -c) would push the rest out of view
 RUN_COLUMNS = ("RUN", "NAME", "KIND", "STATE", "PHASE", "PID", "EXIT", "GPUS")
 
 
 def state_text(state: str) -> Text:
-    return Text(state, style=STATE_STYLES.get(state, ""))
+    return Text(printable(state), style=STATE_STYLES.get(state, ""))
+
+
+def run_row(run: dict[str, Any], on_gpus: dict[str, str]) -> list[Text]:
+    """A run's cells in the runs table: Text, never markup, each character a terminal would act on escaped."""
+
+    def shown(value: str) -> Text:
+        return Text(printable(value))
+
+    return [
+        shown(run["id"]),
+        shown(run["name"]),
+        shown(run["kind"]),
+        state_text(run["state"]),
+        shown(run.get("phase") or "-"),
+        shown(str(run["pid"] or "-")),
+        shown(exit_text(run)),
+        shown(on_gpus.get(run["id"], "-")),
+    ]
 
 
 class RunsTable(DataTable[Any]):
@@ -41,17 +59,7 @@ class RunsTable(DataTable[Any]):
         on_gpus = run_gpus(gpus)
         self.clear()
         for run in runs:
-            self.add_row(
-                run["id"],
-                run["name"],
-                run["kind"],
-                state_text(run["state"]),
-                run.get("phase") or "-",
-                str(run["pid"] or "-"),
-                exit_text(run),
-                on_gpus.get(run["id"], "-"),
-                key=run["id"],
-            )
+            self.add_row(*run_row(run, on_gpus), key=run["id"])
         ids = [run["id"] for run in runs]
         if ids:
             self.move_cursor(row=ids.index(selected) if selected in ids else len(ids) - 1)
@@ -103,19 +111,25 @@ class RunDetail(Static):
     """The selected run: state, phase, health, a stall and its stacks, failures explained, the command."""
 
     def show(self, run: dict[str, Any] | None) -> None:
-        if run is None:
-            self.update(Text("no run selected", style="dim"))
-            return
-        text = Text(f"{run['id']}  {run['name']}  ({run['kind']})  ")
-        text.append_text(state_text(run["state"]))
-        text.append(f"\nphase {run.get('phase') or '-'}  health {run.get('health') or '-'}\n")
-        if run["state"] == "stalled":
-            text.append(stall_text(run) + "\n", style="bold yellow")
-        for diagnosis in run.get("diagnoses") or []:
-            text.append(f"{diagnosis['code']}: {diagnosis['meaning']}\n", style="bold red")
-            text.append(f"  try: {diagnosis['hint']}\n")
-        if run.get("error"):
-            text.append(f"error: {run['error']}\n", style="red")
-        command = shlex.join(run["argv"])
-        text.append(command if len(command) <= COMMAND_CHARS else command[: COMMAND_CHARS - 1] + "…", style="dim")
-        self.update(text)
+        self.update(detail_text(run))
+
+
+def detail_text(run: dict[str, Any] | None) -> Text:
+    """What the detail panel shows of a run, one printable line per fact (see `printable`)."""
+    if run is None:
+        return Text("no run selected", style="dim")
+    text = Text(printable(f"{run['id']}  {run['name']}  ({run['kind']})  "))
+    text.append_text(state_text(run["state"]))
+    text.append("\n" + printable(f"phase {run.get('phase') or '-'}  health {run.get('health') or '-'}") + "\n")
+    if run["state"] == "stalled":
+        text.append(printable(stall_text(run)) + "\n", style="bold yellow")
+    for diagnosis in run.get("diagnoses") or []:
+        text.append(printable(f"{diagnosis['code']}: {diagnosis['meaning']}") + "\n", style="bold red")
+        text.append(printable(f"  try: {diagnosis['hint']}") + "\n")
+    if run.get("error"):
+        text.append(printable(f"error: {run['error']}") + "\n", style="red")
+    if run.get("corrupt"):
+        text.append(printable(corrupt_text(run)) + "\n", style="bold red")
+    command = command_line(run["argv"])
+    text.append(command if len(command) <= COMMAND_CHARS else command[: COMMAND_CHARS - 1] + "…", style="dim")
+    return text
