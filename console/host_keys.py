@@ -7,7 +7,9 @@ already holds for the host is never accepted: that is how an interception looks.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+import shlex
 import sys
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -30,7 +32,19 @@ class OfferedKey:
     fingerprint: str  # SHA256:...
     line: str  # the known_hosts line that trusts it
     known_hosts: Path  # where that line goes
-    changed: bool  # known_hosts trusts another key under this name
+    changed: bool  # known_hosts trusts another key of this type (or a CA) under this name
+    trusted_algorithms: tuple[str, ...]  # the types of the keys known_hosts trusts under this name
+    address: str  # the host as the config resolves it (HostName), for ssh-keyscan, which reads no config
+    port: int
+
+    @property
+    def other_type(self) -> bool:
+        """known_hosts trusts keys for this name, but none of the offered key's type."""
+        return bool(self.trusted_algorithms) and not self.changed
+
+    def keyscan(self) -> str:
+        """The command that lists every key the host offers."""
+        return shlex.join(["ssh-keyscan", "-p", str(self.port), self.address])
 
     def describe(self) -> str:
         return f"{self.spec} ({self.name}) offers the {self.algorithm} key {self.fingerprint}"
@@ -45,12 +59,12 @@ TrustNewKey = Callable[[OfferedKey], Awaitable[bool]]
 
 async def offered_key(spec: str, host: str, port: int | None) -> OfferedKey | None:
     """What the host offers, read as OpenSSH's config resolves `host` (HostName, Port, HostKeyAlias,
-    ProxyJump, UserKnownHostsFile); None when the handshake shows no key (GSS key exchange)."""
+    ProxyJump, UserKnownHostsFile); None when the handshake shows no key (GSS key exchange).
+
+    A key of a type known_hosts trusts is asked for first, as the connection that was refused asked
+    (asyncssh offers only those types then); any key when the host has none of them."""
     config = [str(USER_CONFIG.expanduser())] if USER_CONFIG.expanduser().is_file() else []
     options = asyncssh.SSHClientConnectionOptions(host=host, port=port if port is not None else (), config=config)
-    key = await asyncssh.get_server_host_key(host, port if port is not None else (), config=config)
-    if key is None:
-        return None
     name = options.host_key_alias or options.host
     if options.port != SSH_PORT:
         name = f"[{name}]:{options.port}"
@@ -59,6 +73,19 @@ async def offered_key(spec: str, host: str, port: int | None) -> OfferedKey | No
     files = [Path(f).expanduser() for f in named] or [DEFAULT_KNOWN_HOSTS.expanduser()]
     present = [str(f) for f in files if f.is_file()]
     trusted = asyncssh.match_known_hosts(asyncssh.read_known_hosts(present), name, "", None) if present else None
+    trusted_keys = list(trusted[0]) if trusted else []
+    trusted_algorithms = tuple(dict.fromkeys(k.get_algorithm() for k in trusted_keys))
+    key = None
+    if trusted_keys:
+        algs = [alg.decode() for k in trusted_keys for alg in k.sig_algorithms]
+        with contextlib.suppress(asyncssh.Error, OSError):
+            key = await asyncssh.get_server_host_key(
+                host, port if port is not None else (), config=config, server_host_key_algs=algs
+            )
+    if key is None:
+        key = await asyncssh.get_server_host_key(host, port if port is not None else (), config=config)
+    if key is None:
+        return None
     return OfferedKey(
         spec=spec,
         name=name,
@@ -66,7 +93,10 @@ async def offered_key(spec: str, host: str, port: int | None) -> OfferedKey | No
         fingerprint=key.get_fingerprint(),
         line=f"{name} {key.export_public_key().decode().strip()}\n",
         known_hosts=files[0],
-        changed=bool(trusted and (trusted[0] or trusted[1])),
+        changed=bool(trusted and trusted[1]) or key.get_algorithm() in trusted_algorithms,
+        trusted_algorithms=trusted_algorithms,
+        address=options.host,
+        port=options.port,
     )
 
 

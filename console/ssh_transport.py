@@ -6,9 +6,10 @@ against `~/.ssh/known_hosts`: a changed key refuses the connection, and an
 unknown one is trusted only when `trust_new_key` (a person, asked, or
 `--accept-new-host-key`) says so (`host_keys`); it is never accepted silently. The host needs only `python3`:
 the pure-Python `backends` package is uploaded by SFTP, once per version, into
-`WORKDIR/agent/<version>/` on the host (written under a temporary name, then
-renamed), and the agent runs from there. Nothing listens on the host: the agent
-speaks over the channel's stdin/stdout.
+`WORKDIR/agent/<version>/` on the host, checked against this console's own files
+on every connection and put right where it differs (`agent_copy`), and the agent
+runs from there. Nothing listens on the host: the agent speaks over the
+channel's stdin/stdout.
 """
 
 from __future__ import annotations
@@ -16,19 +17,18 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-import hashlib
 import re
 import shlex
-import uuid
+import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import asyncssh
 
-from console import host_keys
+from console import agent_copy, host_keys
 from console.transport import STDERR_KEEP_LINES, Transport, TransportError
 
-BACKENDS = Path(__file__).resolve().parent.parent / "backends"
 DEFAULT_PYTHON = "python3"  # the host's interpreter for the agent, unless --remote-python names another
 DEFAULT_WORKDIR = ".eagle3-console"  # relative to the remote home, as the agent's own default
 CONNECT_TIMEOUT_S = 15
@@ -47,17 +47,9 @@ def parse_host(spec: str) -> tuple[str | None, str, int | None]:
     return match["user"], match["host"].strip("[]"), port
 
 
-def backends_files() -> list[Path]:
-    """The files the agent needs on the host: the backends package's Python sources."""
-    return sorted(p for p in BACKENDS.rglob("*.py") if "__pycache__" not in p.parts)
-
-
-def backends_version() -> str:
-    """A digest of the backends sources: a host runs exactly the agent this console was built with."""
-    digest = hashlib.sha256()
-    for path in backends_files():
-        digest.update(path.relative_to(BACKENDS).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
-    return digest.hexdigest()[:16]
+def say_on_stderr(text: str) -> None:
+    """A line for the person at the terminal, as the CLI says its notes."""
+    print(f"eagle3-console: {text}", file=sys.stderr, flush=True)
 
 
 class SSHTransport(Transport):
@@ -70,6 +62,7 @@ class SSHTransport(Transport):
         self.workdir = workdir
         self.description = host
         self.trust_new_key: host_keys.TrustNewKey | None = None  # None: an unknown host key is refused
+        self.say: Callable[[str], None] = say_on_stderr  # told when the host's copy of the agent was repaired
         self._conn: asyncssh.SSHClientConnection | None = None
         self._proc: asyncssh.SSHClientProcess[bytes] | None = None
         self._stderr: collections.deque[str] = collections.deque(maxlen=STDERR_KEEP_LINES)
@@ -78,14 +71,9 @@ class SSHTransport(Transport):
     async def open(self) -> None:
         self._conn = await self._connect()
         try:
-            home, agent_dir = await self._upload()
-            workdir = str(self.workdir) if self.workdir is not None else f"{home}/{DEFAULT_WORKDIR}"
-            agent = ["env", f"PYTHONPATH={agent_dir}", self.python, "-m", "backends.agent", "--workdir", workdir]
-            command = f"cd {shlex.quote(home)} && exec {shlex.join(agent)}"
-            self._proc = await self._conn.create_process(command, encoding=None)
+            await self._start_agent()
         except (asyncssh.Error, OSError) as exc:
             raise TransportError(f"{self.spec}: cannot start the agent: {_reason(exc)}") from None
-        self._stderr_task = asyncio.create_task(self._drain_stderr())
 
     async def _connect(self) -> asyncssh.SSHClientConnection:
         options: dict[str, Any] = {
@@ -105,17 +93,43 @@ class SSHTransport(Transport):
                 return await asyncssh.connect(self.host, **options)
         except asyncssh.HostKeyNotVerifiable:
             raise TransportError(
-                f"{self.spec}: the host key is not trusted by known_hosts; check it with `ssh {self.spec}`",
+                f"{self.spec}: the host key is not trusted by known_hosts; check it with `{self.ssh_command()}`",
                 transient=False,
             ) from None
         except asyncssh.PermissionDenied:
             raise TransportError(
-                f"{self.spec}: permission denied (no key was accepted); make `ssh {self.spec}` work without a "
+                f"{self.spec}: permission denied (no key was accepted); make `{self.ssh_command()}` work without a "
                 "password first (ssh-copy-id, or IdentityFile in ~/.ssh/config)",
                 transient=False,
             ) from None
+        except (asyncssh.ConnectionLost, asyncssh.KeyExchangeFailed, ConnectionResetError) as exc:
+            # The host hung up in the handshake: also how it looks when known_hosts trusts only key types
+            # the host does not have (asyncssh offers only those), which no retry can mend.
+            raise await self._other_key_type() or TransportError(f"cannot reach {self.spec}: {_reason(exc)}") from None
         except (asyncssh.Error, OSError) as exc:
             raise TransportError(f"cannot reach {self.spec}: {_reason(exc)}") from None
+
+    def ssh_command(self) -> str:
+        """The `ssh` command that reaches this host, for hints: ssh takes the port as -p, not as host:port."""
+        destination = f"{self.user}@{self.host}" if self.user is not None else self.host
+        return shlex.join(["ssh", *(["-p", str(self.port)] if self.port is not None else []), destination])
+
+    async def _other_key_type(self) -> TransportError | None:
+        """The refusal to give when known_hosts trusts keys of this host, but none of a type it offers."""
+        try:
+            offered = await asyncio.wait_for(host_keys.offered_key(self.spec, self.host, self.port), CONNECT_TIMEOUT_S)
+        except (asyncssh.Error, OSError, asyncio.TimeoutError):
+            return None  # the host cannot be asked either: a plain network failure
+        return self._other_type_refusal(offered) if offered is not None and offered.other_type else None
+
+    def _other_type_refusal(self, offered: host_keys.OfferedKey) -> TransportError:
+        return TransportError(
+            f"{self.spec}: {offered.known_hosts} trusts only {' and '.join(offered.trusted_algorithms)} key(s) for "
+            f"{offered.name}, but the host offers the {offered.algorithm} key {offered.fingerprint}; compare it "
+            f"with the host's keys (`{offered.keyscan()}`), trust it with `{self.ssh_command()}` (ssh asks), "
+            "and connect again",
+            transient=False,
+        )
 
     async def _trust_new_key(self) -> None:
         """The host's key is not trusted: record it if it is new and a person trusts it, else refuse."""
@@ -129,37 +143,69 @@ class SSHTransport(Transport):
                 f"the old key (ssh-keygen -R '{offered.name}') and connect again",
                 transient=False,
             )
+        if offered.other_type:
+            raise self._other_type_refusal(offered)
         if self.trust_new_key is None:
             raise TransportError(
                 f"{offered.describe()}, not in {offered.known_hosts}; if that is the host's key, run again "
-                "with --accept-new-host-key (or accept it with `ssh " + self.spec + "`)",
+                f"with --accept-new-host-key (or accept it with `{self.ssh_command()}`)",
                 transient=False,
             )
         if not await self.trust_new_key(offered):
             raise TransportError(f"{self.spec}: the host key was not trusted; nothing was changed", transient=False)
         host_keys.record(offered)
 
-    async def _upload(self) -> tuple[str, str]:
-        """(remote home, folder holding this version of backends), uploading it if the host lacks it."""
+    async def _start_agent(self) -> None:
+        """One channel: the launcher lists the host's copy of the agent, that copy is made equal to this
+        console's files (over SFTP, only when it differs), and the launcher becomes the agent."""
         assert self._conn is not None
-        version = backends_version()
-        async with self._conn.start_sftp_client() as sftp:
-            home = await sftp.realpath(".")
-            root = str(self.workdir) if self.workdir is not None else f"{home}/{DEFAULT_WORKDIR}"
-            agent_dir = f"{root}/agent/{version}"
-            if not await sftp.exists(f"{agent_dir}/backends/__init__.py"):
-                staging = f"{root}/agent/.upload-{uuid.uuid4().hex[:8]}"
-                files = backends_files()
-                # One round trip per folder, not per file.
-                for folder in sorted({path.parent.relative_to(BACKENDS).as_posix() for path in files}):
-                    await sftp.makedirs(f"{staging}/backends/{folder}".removesuffix("/."), exist_ok=True)
-                for path in files:
-                    await sftp.put(str(path), f"{staging}/backends/{path.relative_to(BACKENDS).as_posix()}")
-                try:
-                    await sftp.rename(staging, agent_dir)
-                except asyncssh.SFTPError:
-                    await sftp.rmtree(staging)  # another console uploaded the same version meanwhile
-        return home, agent_dir
+        files = agent_copy.manifest()
+        workdir = str(self.workdir) if self.workdir is not None else DEFAULT_WORKDIR
+        command = agent_copy.launch_command(self.python, workdir, agent_copy.version_of(files))
+        self._proc = await self._conn.create_process(command, encoding=None)
+        self._stderr_task = asyncio.create_task(self._drain_stderr())
+        try:
+            listing = await asyncio.wait_for(self._proc.stdout.readline(), CONNECT_TIMEOUT_S)
+        except asyncio.TimeoutError:
+            raise TransportError(
+                f"{self.spec}: {self.python} on the host did not start within {CONNECT_TIMEOUT_S} s"
+            ) from None
+        host = await self._listed(listing)
+        repair = agent_copy.plan(files, host.tree) if host.found == "dir" else None
+        if repair is None or repair.needed:
+            async with self._conn.start_sftp_client() as sftp:
+                if repair is not None:
+                    await agent_copy.repair(sftp, host.top, repair)
+                else:
+                    if host.found != "missing":  # a file or a link where the folder belongs
+                        await sftp.remove(host.top.encode("utf-8", "surrogateescape"))
+                    await agent_copy.upload(sftp, host.top)
+        if repair is not None and repair.needed:
+            self.say(f"{self.spec}: the agent's files on the host had been altered ({repair.summary()}); restored them")
+        elif host.found not in ("dir", "missing"):
+            self.say(f"{self.spec}: {host.top} on the host was not a folder; the agent was uploaded again")
+        self._proc.stdin.write(agent_copy.GO)
+
+    async def _listed(self, line: bytes) -> agent_copy.HostCopy:
+        """The launcher's listing, or why the launcher could not give one, said for a person."""
+        assert self._proc is not None and self._stderr_task is not None
+        with contextlib.suppress(ValueError):
+            if line:
+                return agent_copy.parse_listing(line)
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self._proc.wait_closed(), timeout=5)
+            await asyncio.wait_for(self._stderr_task, timeout=1)
+        if self._proc.exit_status in (126, 127):  # the shell found no such program, or could not run it
+            raise TransportError(
+                f"no Python at {self.python} on {self.spec}: name its Python 3.10+ with --remote-python PATH",
+                transient=False,
+            )
+        said = next((line for line in reversed(self._stderr) if line.strip()), f"exit status {self._proc.exit_status}")
+        raise TransportError(
+            f"{self.spec}: cannot check the agent's files on the host with {self.python}: {said} (if that is not "
+            "Python 3, name one with --remote-python PATH)",
+            transient=False,
+        )
 
     async def _drain_stderr(self) -> None:
         assert self._proc is not None

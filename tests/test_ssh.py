@@ -7,6 +7,8 @@ launched over SSH is a real process whose files the test can read.
 from __future__ import annotations
 
 import ast
+import asyncio
+import getpass
 import json
 import os
 import pty
@@ -20,7 +22,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from console.ssh_transport import backends_version, parse_host
+from console.agent_copy import backends_version
+from console.ssh_transport import parse_host
 from tests.conftest import REPO, free_port, until, wait_for
 from tests.sshd import ALIAS, Sshd, keygen
 
@@ -139,6 +142,56 @@ def test_a_changed_host_key_is_refused_even_when_new_keys_are_accepted(sshd: Ssh
     assert "CHANGED" in done.stderr and fingerprint(sshd.host_public_key) in done.stderr
     assert f"ssh-keygen -R '[127.0.0.1]:{sshd.port}'" in done.stderr
     assert (home / ".ssh" / "known_hosts").read_text() == trusted
+
+
+@pytest.mark.parametrize("refusal", ["unknown host key", "no key accepted"])
+def test_a_hint_names_the_port_as_ssh_takes_it(sshd: Sshd, tmp_path: Path, refusal: str) -> None:
+    # ssh reads host:PORT as a host name: the command to try must say -p PORT.
+    user = getpass.getuser()
+    known = "" if refusal == "unknown host key" else None
+    home = sshd.client_home(tmp_path / "home", known_hosts=known)  # and no key for 127.0.0.1 itself
+    done = console(sshd, f"{user}@127.0.0.1:{sshd.port}", tmp_path / "work", "status", home=home)
+    assert done.returncode == 1 and done.stderr.count("\n") == 1
+    assert f"`ssh -p {sshd.port} {user}@127.0.0.1`" in done.stderr
+    assert f"ssh {user}@127.0.0.1:{sshd.port}" not in done.stderr
+
+
+def rsa_only_known_hosts(sshd: Sshd, folder: Path) -> str:
+    """known_hosts that trusts an RSA key for the test host, which offers only its ed25519 key."""
+    subprocess.run(["ssh-keygen", "-q", "-t", "rsa", "-b", "2048", "-N", "", "-f", str(folder / "rsa")], check=True)
+    algorithm, key = (folder / "rsa.pub").read_text().split()[:2]
+    return f"[127.0.0.1]:{sshd.port} {algorithm} {key}\n"
+
+
+def test_a_known_hosts_trusting_only_another_key_type_is_refused_with_what_to_do(sshd: Sshd, tmp_path: Path) -> None:
+    trusted = rsa_only_known_hosts(sshd, tmp_path)
+    home = sshd.client_home(tmp_path / "home", known_hosts=trusted)
+    done = console(sshd, ALIAS, tmp_path / "work", "--accept-new-host-key", "status", home=home)
+    assert done.returncode == 1 and done.stderr.count("\n") == 1 and "Traceback" not in done.stderr
+    assert "Connection lost" not in done.stderr and "cannot reach" not in done.stderr
+    assert "trusts only ssh-rsa key(s)" in done.stderr and "offers the ssh-ed25519 key" in done.stderr
+    assert fingerprint(sshd.host_public_key) in done.stderr
+    assert f"`ssh-keyscan -p {sshd.port} 127.0.0.1`" in done.stderr and f"`ssh {ALIAS}`" in done.stderr
+    assert (home / ".ssh" / "known_hosts").read_text() == trusted  # nothing trusted behind the user's back
+
+
+async def test_a_known_hosts_trusting_only_another_key_type_is_not_retried(
+    sshd: Sshd, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from console.client import AgentClient
+    from console.ssh_transport import SSHTransport
+    from console.transport import TransportError
+
+    monkeypatch.setenv(
+        "HOME", str(sshd.client_home(tmp_path / "home", known_hosts=rsa_only_known_hosts(sshd, tmp_path)))
+    )
+    monkeypatch.delenv("SSH_AUTH_SOCK", raising=False)
+    client = AgentClient(SSHTransport(ALIAS, tmp_path / "work"))
+    retried: list[TransportError] = []
+    with pytest.raises(TransportError) as refused:
+        await asyncio.wait_for(client.reconnect_until_back(retried.append), timeout=30)
+    await client.close()
+    assert not refused.value.transient and retried == []
 
 
 @pytest.mark.parametrize(("answer", "code"), [("yes", 0), ("no", 1)])
