@@ -40,8 +40,9 @@ SHOWN_NAMES = 3  # names said per kind of change; the rest are counted
 # {workdir, top, found, tree}: `found` is what WORKDIR/agent/<version> is, and `tree` maps each path
 # under it to its SHA-256, "dir", "link", "other" (a fifo, a socket), "unreadable" (a file) or
 # "unlistable" (a folder). Then it waits for GO on stdin, read a byte at a time so that nothing meant
-# for the agent is taken, and becomes the agent (exec, on the same channel). A failure is one line on
-# stderr.
+# for the agent is taken, and becomes the agent (exec, on the same channel) with the checked copy first
+# on sys.path, where `-m` would put the home folder (a ~/backends or ~/json.py would shadow it). A failure
+# is one line on stderr.
 LAUNCHER = r"""
 import hashlib, json, os, stat, sys
 tree = {}
@@ -81,8 +82,8 @@ while not said.endswith(b'\n'):
     if not byte: sys.exit(0)
     said += byte
 if said != b'GO\n': sys.exit('the console said %r, not GO' % said)
-os.environ['PYTHONPATH'] = top
-os.execv(sys.executable, [sys.executable, '-m', 'backends.agent', '--workdir', workdir])
+start = 'import runpy, sys; sys.path[0] = sys.argv.pop(1); runpy.run_module("backends.agent", run_name="__main__")'
+os.execv(sys.executable, [sys.executable, '-c', start, top, '--workdir', workdir])
 """
 GO = b"GO\n"
 

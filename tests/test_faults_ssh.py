@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 import posixpath
 import stat
 import subprocess
@@ -21,7 +22,7 @@ from hypothesis import strategies as st
 from textual.message import Message
 from textual.notifications import Notification, Notify
 
-from console.agent_copy import CACHE, PARTIAL, Repair, backends_version, manifest, plan
+from console.agent_copy import CACHE, GO, PARTIAL, Repair, backends_version, launch_command, manifest, plan
 from tests.conftest import REPO, until
 from tests.sshd import ALIAS, Sshd
 from tests.test_ssh import console
@@ -172,6 +173,34 @@ def test_a_remote_python_that_is_not_python_is_said_in_one_line(sshd: Sshd, tmp_
     done = console(sshd, ALIAS, tmp_path / "work", "--remote-python", "/bin/false", "status")
     assert done.returncode == 1 and done.stderr.count("\n") == 1 and "Traceback" not in done.stderr
     assert "with /bin/false" in done.stderr and "--remote-python PATH" in done.stderr
+
+
+def test_nothing_in_the_remote_home_shadows_the_checked_agent(tmp_path: Path) -> None:
+    """The launcher, run as the host runs it (a shell, its HOME): a `backends` package or a `json.py` in
+    the home folder, where `python -m` would look first, is never imported by the agent."""
+    home, workdir = tmp_path / "home", tmp_path / "work"
+    marker = tmp_path / "shadow-ran"
+    plant = f"open({str(marker)!r}, 'w').close()\n"
+    (home / "backends").mkdir(parents=True)
+    for module in ("backends/__init__.py", "backends/agent.py", "json.py", "asyncio.py"):
+        (home / module).write_text(plant)
+    top = workdir / "agent" / backends_version()
+    for path in manifest():
+        (top / path).parent.mkdir(parents=True, exist_ok=True)
+        (top / path).write_bytes((REPO / path).read_bytes())
+    hello = b'{"v": 1, "id": 1, "op": "hello", "args": {}}\n'
+    done = subprocess.run(
+        ["sh", "-c", launch_command(sys.executable, str(workdir), backends_version())],
+        input=GO + hello,
+        capture_output=True,
+        env={"HOME": str(home), "PATH": "/usr/bin:/bin"},
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    checked, reply = done.stdout.splitlines()[:2]
+    assert json.loads(checked)["found"] == "dir"
+    assert json.loads(reply)["result"]["workdir"] == str(workdir)
+    assert not marker.exists()
 
 
 # --- the plan, on its own: whatever the host holds, carrying it out leaves exactly the manifest ---
