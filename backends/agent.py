@@ -144,7 +144,7 @@ class Agent:
     # ----- plumbing -----
     async def send(self, msg: dict[str, Any]) -> None:
         line = protocol.encode(msg)
-        if len(line) > MAX_LINE_BYTES and msg.get("ok"):
+        if len(line) > MAX_LINE_BYTES and "id" in msg:
             # The client could not read it and would lose the connection: refuse this one request instead.
             message = (
                 f"the reply would be {len(line)} bytes, more than one message may carry ({MAX_LINE_BYTES}); "
@@ -442,6 +442,8 @@ class Agent:
         if state != sub.last_state:
             sub.last_state = state
             await self.send(protocol.stream_message(sub.id, "state", {"run": sub.run.id, "state": state}))
+            if state == "corrupt":
+                return moved  # look once more before the end: a folder being removed is corrupt for a moment
         if state in TERMINAL_STATES and not moved:
             # Everything written before the end has been delivered: say so once.
             corrupt = sub.run.info()["corrupt"] if state == "corrupt" else None

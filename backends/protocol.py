@@ -3,7 +3,9 @@
 One request per line: {"v": 1, "id": ID, "op": OP, "args": {...}}.
 One reply per request: {"v": 1, "id": ID, "ok": true, "result": {...}}
                     or {"v": 1, "id": ID, "ok": false, "error": {"code", "message"}}.
-Subscriptions push stream messages: {"v": 1, "sub": N, "stream": ..., ...}.
+Subscriptions push stream messages: {"v": 1, "sub": N, "stream": ..., ...}; the last is
+"end", with the run's state, and an "error" when the stream ended otherwise than with the run
+(its folder removed, a file of its record corrupt, a file that cannot be read).
 Log bytes travel base64-encoded (they may be invalid UTF-8); metric and event
 rows travel parsed. Offsets are byte offsets into the run's files, so a client
 that reconnects resumes exactly where it stopped.

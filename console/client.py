@@ -19,6 +19,10 @@ from backends import protocol
 from console.transport import Transport, TransportError
 
 RECONNECT_BACKOFF_S = (1.0, 2.0, 4.0, 8.0, 15.0, 30.0)  # seconds between tries to reach a lost agent
+# A link lost this many times in a row the same way, each time before any data came over the new one
+# (a reply too large to read, an agent that dies on the same request), is not a passing fault.
+SAME_LOSS_LIMIT = 3
+SETUP_OPS = ("hello", "subscribe", "unsubscribe")  # their replies are no progress: they come before any data
 # An offset past any file's end: subscribe to a stream from now on, skipping what it already holds.
 PAST_END = 1 << 62
 
@@ -69,6 +73,9 @@ class AgentClient:
         self._early: dict[int, list[dict[str, Any]]] = {}
         self._reader: asyncio.Task[None] | None = None
         self.closed_reason: str | None = None
+        self._received = False  # a stream message, or a reply with data, since the last connect
+        self._last_loss: str | None = None
+        self._same_losses = 0
 
     async def __aenter__(self) -> AgentClient:
         await self.start()
@@ -107,17 +114,38 @@ class AgentClient:
 
     async def reconnect_until_back(self, on_failure: Callable[[TransportError], None]) -> dict[str, Any]:
         """`reconnect`, tried at once and then again with backoff while the failure is transient (each one
-        told to `on_failure`); a failure that retrying cannot help (a refused host key) is raised."""
+        told to `on_failure`); a failure that retrying cannot help (a refused host key) is raised.
+
+        A link lost the same way as the one before, with no data received in between (a stream message,
+        a reply to anything but hello or subscribe), fails deterministically: each repeat waits longer
+        before reconnecting, and the SAME_LOSS_LIMIT-th is raised, not transient, with its reason."""
+        await self._pace_repeated_loss()
         attempt = 0
         while True:
             try:
-                return await self.reconnect()
+                hello = await self.reconnect()
+                self._received = False
+                return hello
             except TransportError as exc:
                 if not exc.transient:
                     raise
                 on_failure(exc)
             await asyncio.sleep(RECONNECT_BACKOFF_S[min(attempt, len(RECONNECT_BACKOFF_S) - 1)])
             attempt += 1
+
+    async def _pace_repeated_loss(self) -> None:
+        why = self.closed_reason
+        repeated = why is not None and why == self._last_loss and not self._received
+        self._same_losses = self._same_losses + 1 if repeated else 0
+        self._last_loss = why
+        if self._same_losses >= SAME_LOSS_LIMIT:
+            raise TransportError(
+                f"{why}; the same failure came right after each of {self._same_losses} reconnects, "
+                "so reconnecting again cannot help",
+                transient=False,
+            )
+        if self._same_losses:
+            await asyncio.sleep(RECONNECT_BACKOFF_S[self._same_losses - 1])
 
     async def request(self, op: str, **args: Any) -> Any:
         if self.closed_reason is not None:
@@ -127,7 +155,9 @@ class AgentClient:
         self._pending[request_id] = future
         try:
             await self.transport.send(protocol.request_line(request_id, op, args))
-            return await future
+            result = await future
+            self._received |= op not in SETUP_OPS
+            return result
         finally:
             self._pending.pop(request_id, None)
 
@@ -149,11 +179,14 @@ class AgentClient:
                 line = await self.transport.receive()
                 if not line:
                     break
-                self._dispatch(json.loads(line))
+                msg = json.loads(line)
+                if not isinstance(msg, dict):
+                    raise ValueError(f"a {type(msg).__name__}, not an object")
+                self._dispatch(msg)
         except TransportError as exc:
             reason = str(exc)
-        except ValueError as exc:
-            reason = f"the agent sent something that is not JSON ({exc})"
+        except (ValueError, RecursionError) as exc:
+            reason = f"the agent sent something that is not a message ({exc})"
         words = self.transport.last_words()
         self.closed_reason = reason + (f": {words.splitlines()[-1]}" if words else "")
         error = TransportError(self.closed_reason)
@@ -165,6 +198,7 @@ class AgentClient:
 
     def _dispatch(self, msg: dict[str, Any]) -> None:
         if "sub" in msg and "stream" in msg:
+            self._received = True
             sub = self._subs.get(msg["sub"])
             if sub is not None:
                 sub.queue.put_nowait(msg)

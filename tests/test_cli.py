@@ -173,15 +173,18 @@ def test_corrupt_or_missing_spec_is_reported_not_fatal(cli: CLI, workdir: Path) 
     (runs / "20200101-000000-000-aaaa").mkdir()
     (runs / "20200101-000000-000-aaaa" / "spec.json").write_text("{not json")
     (runs / "20200101-000000-001-bbbb").mkdir()
+    os.utime(runs / "20200101-000000-001-bbbb", (0, 0))  # long past the moment a launch writes its spec
+    (runs / "20200101-000000-002-cccc").mkdir()  # a launch between making its folder and writing its spec
     data = status(cli)
-    assert [r["id"] for r in data["runs"]] == [good]
-    problems = {p["run"]: p["error"] for p in data["problems"]}
-    assert set(problems) == {"20200101-000000-000-aaaa", "20200101-000000-001-bbbb"}
-    assert all("spec.json is missing or corrupt" in e for e in problems.values())
+    assert [r["id"] for r in data["runs"] if r["state"] != "corrupt"] == [good]
+    corrupt = {r["id"]: r["corrupt"] for r in data["runs"] if r["state"] == "corrupt"}
+    assert set(corrupt) == {"20200101-000000-000-aaaa", "20200101-000000-001-bbbb"}  # not cccc: being made
+    assert corrupt["20200101-000000-001-bbbb"] == {"file": "spec.json", "reason": "missing"}
+    assert "not valid JSON" in corrupt["20200101-000000-000-aaaa"]["reason"]
     text = cli("status")
-    assert text.returncode == 0 and b"unreadable run 20200101-000000-000-aaaa" in text.stdout
+    assert text.returncode == 0 and b"run 20200101-000000-000-aaaa is corrupt: spec.json: not valid JSON" in text.stdout
     result = cli("relaunch", "20200101-000000-000-aaaa")
-    assert result.returncode == 1 and b"spec.json is missing or corrupt" in result.stderr
+    assert result.returncode == 1 and b"spec.json: not valid JSON" in result.stderr
 
 
 def test_kill_stops_the_whole_process_group(cli: CLI) -> None:

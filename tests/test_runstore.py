@@ -32,6 +32,7 @@ from backends.runstore import (
     RUN_ID_RE,
     SPEC,
     SUPERVISOR_LOG,
+    CorruptFile,
     RunDir,
     RunSpec,
     RunStore,
@@ -215,25 +216,27 @@ def test_get_empty_ref_is_an_error(tmp_path: Path) -> None:
 BROKEN_ID = "20240301-000000-000-abcd"
 
 
-def _assert_spec_error_names_run(run: RunDir) -> None:
-    with pytest.raises(SpecError) as info:
+def _assert_corrupt_spec_names_run(run: RunDir) -> None:
+    with pytest.raises(CorruptFile) as error:
         run.spec()
-    assert BROKEN_ID in str(info.value)
-    with pytest.raises(SpecError) as info:
-        run.info()
-    assert BROKEN_ID in str(info.value)
+    assert BROKEN_ID in str(error.value) and error.value.file == SPEC
+    info = run.info()
+    assert info["state"] == run.state() == "corrupt"
+    assert info["corrupt"] is not None and info["corrupt"]["file"] == SPEC and info["corrupt"]["reason"]
 
 
-def test_missing_spec_is_a_spec_error(tmp_path: Path) -> None:
+def test_missing_spec_makes_the_run_corrupt(tmp_path: Path) -> None:
     run = make_run(RunStore(tmp_path), BROKEN_ID)
-    _assert_spec_error_names_run(run)
+    _assert_corrupt_spec_names_run(run)
 
 
-@pytest.mark.parametrize("content", [b"", b"{not json", b'{"kind": "train", "argv": ["py', b"\xff\xfe\x00", b"null"])
-def test_corrupt_spec_is_a_spec_error(tmp_path: Path, content: bytes) -> None:
+@pytest.mark.parametrize(
+    "content", [b"", b"{not json", b'{"kind": "train", "argv": ["py', b"\xff\xfe\x00", b"null", b"[" * 100_000]
+)
+def test_a_corrupt_spec_makes_the_run_corrupt(tmp_path: Path, content: bytes) -> None:
     run = make_run(RunStore(tmp_path), BROKEN_ID)
     (run.path / SPEC).write_bytes(content)
-    _assert_spec_error_names_run(run)
+    _assert_corrupt_spec_names_run(run)
 
 
 GOOD = {"kind": "train", "argv": ["python", "train.py"]}
@@ -258,9 +261,9 @@ GOOD = {"kind": "train", "argv": ["python", "train.py"]}
         {**GOOD, "unexpected": 1},
     ],
 )
-def test_spec_with_wrong_fields_is_a_spec_error(tmp_path: Path, spec: object) -> None:
+def test_spec_with_wrong_fields_makes_the_run_corrupt(tmp_path: Path, spec: object) -> None:
     run = make_run(RunStore(tmp_path), BROKEN_ID, spec)  # type: ignore[arg-type]
-    _assert_spec_error_names_run(run)
+    _assert_corrupt_spec_names_run(run)
 
 
 @pytest.mark.parametrize(
@@ -276,9 +279,9 @@ def test_spec_with_wrong_fields_is_a_spec_error(tmp_path: Path, spec: object) ->
         {**GOOD, "name": 5},
     ],
 )
-def test_spec_with_wrong_field_types_is_a_spec_error(tmp_path: Path, spec: dict[str, Any]) -> None:
+def test_spec_with_wrong_field_types_makes_the_run_corrupt(tmp_path: Path, spec: dict[str, Any]) -> None:
     run = make_run(RunStore(tmp_path), BROKEN_ID, spec)
-    _assert_spec_error_names_run(run)
+    _assert_corrupt_spec_names_run(run)
 
 
 # --- jsonl -------------------------------------------------------------------------------------
