@@ -410,7 +410,8 @@ class Agent:
                 try:
                     moved |= await self.poll_sub(sub, now)
                 except Exception as exc:  # what one subscription meets ends it, never the others' streams
-                    await self.end(sub, sub.last_state, f"its stream stopped: {type(exc).__name__}: {exc}")
+                    whose = f"run {sub.run.id}: its" if sub.run else "the GPU"
+                    await self.end(sub, sub.last_state, f"{whose} stream stopped: {type(exc).__name__}: {exc}")
                 if sub.ended:
                     self.subs.pop(sub.id, None)
             pause = POLL_MIN_S if moved else min(POLL_MAX_S, pause * 2)
@@ -436,7 +437,9 @@ class Agent:
             return False
         sub.next_state_at = now + STATE_CHECK_S
         if not sub.run.path.is_dir():
-            await self.end(sub, sub.last_state, f"its folder {sub.run.path} is gone; nothing more will come")
+            await self.end(
+                sub, sub.last_state, f"run {sub.run.id}: its folder {sub.run.path} is gone; nothing more will come"
+            )
             return moved
         state = sub.run.state()
         if state != sub.last_state:
@@ -447,7 +450,8 @@ class Agent:
         if state in TERMINAL_STATES and not moved:
             # Everything written before the end has been delivered: say so once.
             corrupt = sub.run.info()["corrupt"] if state == "corrupt" else None
-            await self.end(sub, state, f"{corrupt['file']}: {corrupt['reason']}" if corrupt else None)
+            why = f"run {sub.run.id} is corrupt: {corrupt['file']}: {corrupt['reason']}" if corrupt else None
+            await self.end(sub, state, why)
         return moved
 
     async def end(self, sub: Subscription, state: str | None, error: str | None = None) -> None:
@@ -455,7 +459,7 @@ class Agent:
         sub.ended = True
         body: dict[str, Any] = {"run": sub.run.id if sub.run else None, "state": state, "offsets": sub.offsets}
         if error is not None:
-            body["error"] = f"run {sub.run.id}: {error}" if sub.run else error
+            body["error"] = error
         await self.send(protocol.stream_message(sub.id, "end", body))
 
     async def pump(self, sub: Subscription, stream: str, path: str) -> bool:

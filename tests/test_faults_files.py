@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from backends.runstore import RunSpec, RunStore
-from console.client import AgentClient, AgentError
+from console.client import AgentClient, AgentError, Subscription
 from console.transport import LocalTransport
 from console.tui.app import ConsoleApp
 from console.tui.panels import RunDetail, RunsTable
@@ -91,9 +91,13 @@ async def test_the_console_shows_a_corrupt_run_and_why(workdir: Path, nvml_state
         await pilot.press("q")
 
 
-async def collect(client: AgentClient, run: str, offsets: dict[str, int]) -> list[dict[str, Any]]:
-    sub = await client.subscribe(run=run, offsets=offsets)
+async def drain(sub: Subscription) -> list[dict[str, Any]]:
+    """Every message of a subscription, to its end."""
     return [msg async for msg in sub]
+
+
+async def collect(client: AgentClient, run: str, offsets: dict[str, int]) -> list[dict[str, Any]]:
+    return await drain(await client.subscribe(run=run, offsets=offsets))
 
 
 DEEP_METRICS = (
@@ -145,6 +149,18 @@ async def test_a_stream_that_fails_ends_with_the_reason_and_the_others_go_on(
     assert unreadable in broken[-1]["error"]
     log = b"".join(base64.b64decode(msg["data_b64"]) for msg in ticks if msg["stream"] == "log")
     assert log.count(b"tick") == 15 and ticks[-1]["state"] == "exited"
+
+
+async def test_a_follower_of_a_run_that_turns_corrupt_ends_with_the_file_and_why(
+    client: AgentClient, workdir: Path
+) -> None:
+    sleeper = [sys.executable, "-c", "import time; time.sleep(20)"]
+    run_id = (await client.request("launch", kind="command", argv=sleeper))["run"]
+    sub = await client.subscribe(run=run_id)
+    (run_dir(workdir, run_id) / "spec.json").write_text(DEEP)
+    messages = await asyncio.wait_for(drain(sub), timeout=15)
+    assert messages[-1]["stream"] == "end" and messages[-1]["state"] == "corrupt"
+    assert messages[-1]["error"].startswith(f"run {run_id} is corrupt: spec.json: not valid JSON")
 
 
 def test_logs_follow_ends_with_a_message_when_the_run_folder_is_removed(cli: CLI, workdir: Path) -> None:
