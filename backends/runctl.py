@@ -77,10 +77,18 @@ def start_supervisor(run: RunDir) -> None:
         raise OpError("launch_failed", f"the run supervisor did not start: {detail[0]}")
 
 
+def _exit_written(run: RunDir) -> bool:
+    """Whether exit.json is there (a corrupt one is there too: waiting longer will not mend it)."""
+    try:
+        return run.exit() is not None
+    except StoreError:
+        return True
+
+
 def wait_started(run: RunDir, timeout: float = LAUNCH_CONFIRM_S) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if run.child() is not None or run.exit() is not None:
+        if run.child() is not None or _exit_written(run):
             return
         time.sleep(POLL_S / 2)
 
@@ -197,7 +205,7 @@ def _wait_exit_record(run: RunDir) -> None:
     """Give a live supervisor a moment to write exit.json, so the state we report is final."""
     supervisor = run.supervisor()
     deadline = time.monotonic() + EXIT_RECORD_WAIT_S
-    while supervisor is not None and procinfo.is_alive(supervisor) and run.exit() is None:
+    while supervisor is not None and procinfo.is_alive(supervisor) and not _exit_written(run):
         if time.monotonic() > deadline:
             return
         time.sleep(POLL_S)
@@ -251,10 +259,7 @@ def owner_lookup(store: RunStore) -> dict[int, str]:
     """pid of each live run child -> run id, to attribute GPU processes to runs."""
     owners: dict[int, str] = {}
     for run in store.all():
-        try:
-            if run.exit() is not None:
-                continue
-        except StoreError:  # a corrupt exit.json: the run ended, how is not known
+        if _exit_written(run):
             continue
         child = run.child()
         if child is not None and procinfo.is_alive(child):

@@ -17,6 +17,7 @@ whether the recorded processes are still the same processes.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import math
 import os
@@ -257,7 +258,11 @@ def append_jsonl(path: Path, obj: object) -> None:
     line = json.dumps(obj, separators=(",", ":")).encode() + b"\n"
     fd = open_private(path, os.O_WRONLY | os.O_APPEND)
     try:
-        os.write(fd, line)
+        written = os.write(fd, line)
+        if written < len(line):
+            # The disk filled mid-line: take the part back, or the next line would be glued onto it.
+            os.ftruncate(fd, os.lseek(fd, 0, os.SEEK_CUR) - written)
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
     finally:
         os.close(fd)
 

@@ -32,7 +32,7 @@ from backends.runstore import (
     PROC,
     SUPERVISOR_LOG,
     RunDir,
-    SpecError,
+    StoreError,
     atomic_write_json,
     open_private,
 )
@@ -123,7 +123,7 @@ class Supervisor:
         self.event("supervisor_started", pid=os.getpid())
         try:
             spec = run.trusted_spec()
-        except SpecError as exc:
+        except StoreError as exc:  # missing, corrupt, or writable by others
             return self.fail(str(exc))
         cwd = spec.cwd or str(Path.home())
         try:

@@ -18,8 +18,18 @@ from pathlib import Path
 
 import pytest
 
-from backends import procinfo, runctl, watch
-from backends.runstore import EXIT, PROC, SPEC, RunDir, RunSpec, RunStore, SpecError, StoreError
+from backends import diskspace, procinfo, runctl, watch
+from backends.runstore import (
+    EXIT,
+    PROC,
+    SPEC,
+    RunDir,
+    RunSpec,
+    RunStore,
+    SpecError,
+    StoreError,
+    append_jsonl,
+)
 from tests.conftest import wait_for
 
 NS_LAST_PID = Path("/proc/sys/kernel/ns_last_pid")
@@ -281,6 +291,27 @@ def test_an_exit_the_disk_refuses_is_written_when_space_returns(small_disk: Path
     filler.unlink()
     assert wait_for(run.exit, 10, "exit.json once there is room")["code"] == 0
     assert run.state() == "exited"
+
+
+def test_a_line_the_full_disk_cut_short_is_taken_back_whole(small_disk: Path) -> None:
+    events = small_disk / "events.jsonl"
+    append_jsonl(events, {"type": "first"})
+    fill(small_disk)
+    room = 4096 - events.stat().st_size  # what is left of the file's last page
+    with pytest.raises(OSError) as refused:
+        append_jsonl(events, {"type": "long", "text": "x" * (room + 100)})
+    assert diskspace.is_full(refused.value)
+    assert events.read_text() == '{"type":"first"}\n'  # no half line for the next one to be glued onto
+
+
+def test_a_supervisor_given_a_corrupt_spec_records_why_as_the_runs_exit(workdir: Path) -> None:
+    store = RunStore(workdir)
+    run = store.create(RunSpec(kind="command", argv=["true"]))
+    run.file(SPEC).write_text("[" * 100_000)
+    runctl.start_supervisor(run)
+    ended_with = wait_for(run.exit, 10, "exit.json")
+    assert ended_with["error"].startswith(f"run {run.id} is corrupt: spec.json")
+    assert run.file("supervisor.log").read_text() == ""  # said in the run's exit, not as a traceback
 
 
 # --- item 7: the grace period is the run's, newcomers included ------------------------------------
