@@ -359,11 +359,16 @@ def test_what_outlives_the_grace_is_killed(workdir: Path, tmp_path: Path) -> Non
 # --- item 8: what our own kill leaves is `killed` -------------------------------------------------
 
 
-def test_kill_with_a_stopped_supervisor_reports_killed(workdir: Path) -> None:
+def running_with_supervisor(workdir: Path) -> tuple[RunDir, procinfo.ProcIdentity]:
     run = launch(RunStore(workdir), python("import time; time.sleep(60)"))
     wait_for(lambda: run.state() == "running", 10, "running")
     supervisor = run.supervisor()
     assert supervisor is not None
+    return run, supervisor
+
+
+def test_kill_with_a_stopped_supervisor_reports_killed(workdir: Path) -> None:
+    run, supervisor = running_with_supervisor(workdir)
     os.kill(supervisor.pid, signal.SIGSTOP)
     try:
         report = runctl.kill(run, "TERM", 5)
@@ -375,10 +380,7 @@ def test_kill_with_a_stopped_supervisor_reports_killed(workdir: Path) -> None:
 
 
 def test_kill_of_a_run_whose_supervisor_is_gone_reports_killed(workdir: Path) -> None:
-    run = launch(RunStore(workdir), python("import time; time.sleep(60)"))
-    wait_for(lambda: run.state() == "running", 10, "running")
-    supervisor = run.supervisor()
-    assert supervisor is not None
+    run, supervisor = running_with_supervisor(workdir)
     os.kill(supervisor.pid, signal.SIGKILL)
     wait_for(lambda: not procinfo.is_alive(supervisor), 5, "the supervisor gone")
     report = runctl.kill(run, "TERM", 5)
