@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from backends import serve_flags
 from backends.runstore import RunDir
 from console.client import AgentClient
-from tests.conftest import CLI
+from tests.conftest import CLI, wait_state
 
 PARSER_PATH = os.environ.get("EAGLE3_SGLANG_PARSER_PATH")
 needs_parser = pytest.mark.skipif(PARSER_PATH is None, reason="EAGLE3_SGLANG_PARSER_PATH unset: run `make test`")
@@ -164,10 +164,12 @@ async def test_the_console_can_ask_sglangs_verdict_before_launching(client: Agen
 @needs_parser
 def test_a_dry_run_relaunch_shows_the_new_command_and_its_checks_and_stops_nothing(cli: CLI, workdir: Path) -> None:
     parent = cli("launch", "serve", *parser_env(), "--", *SERVER, "--model-path", "/nowhere").stdout.decode().strip()
+    wait_state(cli, parent, {"failed"})  # no model there: the server is gone, nothing is left to stop
     preview = cli("relaunch", parent, "--set", "--disable-cuda-graph", "--dry-run")
     assert preview.returncode == 0, preview.stderr
     text = preview.stdout.decode()
-    assert f"would stop run {parent} and start:" in text and "--model-path /nowhere --disable-cuda-graph" in text
+    assert f"run {parent} has no live process to stop; would start:" in text
+    assert "--model-path /nowhere --disable-cuda-graph" in text
     assert "SGLang's parser: accepted" in text
     assert runs(workdir) == [parent]  # nothing started
 

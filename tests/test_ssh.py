@@ -261,7 +261,7 @@ def test_a_follow_survives_a_lost_agent_and_prints_every_line_exactly_once(
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
     )
-    agent = f"backends.agent --workdir {workdir}"
+    agent = f"backends.agent.* --workdir {workdir}"  # the agent, not the follower (`console --workdir ...`)
     wait_for(lambda: subprocess.run(["pgrep", "-f", agent], capture_output=True).returncode == 0, what="the agent")
     time.sleep(1.5)  # some lines are through
     subprocess.run(["pkill", "-KILL", "-f", agent], check=True)  # the link is gone mid-stream
