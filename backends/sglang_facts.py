@@ -273,7 +273,8 @@ def release_facts(version: str) -> ReleaseFacts:
     return RELEASES[nearest_known(version) or KNOWN_VERSIONS[-1]]
 
 
-# The release whose in-process model runner `backends.extract --backend sglang` was checked against.
+# The release whose in-process model runner `backends.extract --backend sglang` was written against (from its
+# sources: the backend has not yet run end to end, README says what has).
 EXTRACT_RUNNER_VERSION = "0.5.23"
 
 

@@ -67,7 +67,48 @@ def test_an_sglang_without_the_in_process_runner_is_refused_in_one_line(
     assert extract(target, tmp_path / "out", "--backend", "sglang", "--limit", "4") == 2
     err = capsys.readouterr().err
     assert err.startswith("error: --backend sglang: SGLang 0.5.5 lacks the in-process model runner")
-    assert err.rstrip().endswith(f"known to work with {sglang_facts.EXTRACT_RUNNER_VERSION}); use --backend hf")
+    assert f"written for SGLang {sglang_facts.EXTRACT_RUNNER_VERSION}" in err and err.endswith("; use --backend hf\n")
+    assert err.count("\n") == 1 and not (tmp_path / "out").exists()
+
+
+def test_an_sglang_without_its_kernels_says_which_and_what_to_do_and_leaves_no_output(
+    target: Path, tmp_path: Path
+) -> None:
+    # SGLang 0.5.23 installed without sgl_kernel: its model runner's imports fail as the real one's do.
+    fake = REPO / "tests" / "fake_sglang_without_kernels"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(fake), str(REPO)])}
+    command = [sys.executable, "-m", "backends.extract", "--target", str(target), "--data", "demo", "--device", "cpu"]
+    done = subprocess.run(
+        [*command, "--out", str(tmp_path / "out"), "--backend", "sglang"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert (done.returncode, done.stdout) == (2, "")
+    assert done.stderr == (
+        "error: --backend sglang: SGLang 0.5.23 here has no kernels for cpu (module sgl_kernel, from "
+        "sglang-kernel==0.4.10: a CUDA build, for a GPU host); run the extraction on a GPU host that has them "
+        "(pip install sglang-kernel==0.4.10), or build sgl-kernel for CPU from SGLang's source (its CPU engine), "
+        "or use --backend hf\n"
+    )
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_load_that_fails_leaves_no_empty_output_folder(
+    target: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    broken = Path(shutil.copytree(target, tmp_path / "broken"))
+    for weights in broken.glob("*.safetensors"):
+        weights.write_bytes(b"not safetensors")
+    assert extract(broken, tmp_path / "out", "--limit", "4") == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: cannot load the target from {broken}") and err.count("\n") == 1
+    assert not (tmp_path / "out").exists()
+    (tmp_path / "kept").mkdir()
+    assert extract(broken, tmp_path / "kept", "--limit", "4") == 1
+    assert (tmp_path / "kept").is_dir()  # a folder the user made is theirs
 
 
 @pytest.mark.skipif(SGLANG_PYTHON is None, reason="EAGLE3_SGLANG_PYTHON names no interpreter with SGLang")

@@ -31,6 +31,7 @@ from backends.extract.output import (
     finish,
     open_output,
     record_shard,
+    remove_if_empty,
     seal_shard,
 )
 from backends.extract.pipeline import Row, ShardJob, run_pipeline
@@ -295,16 +296,22 @@ def run_shards(
 
 
 def load_capturer(
-    target: Target, args: argparse.Namespace, device: str, dtype: str, aux_ids: list[int], pad_id: int
+    target: Target,
+    args: argparse.Namespace,
+    sglang: sglang_capture.SGLangModules | None,
+    device: str,
+    dtype: str,
+    aux_ids: list[int],
+    pad_id: int,
 ) -> capture.Capturer:
-    """The target loaded by the chosen backend, ready to capture `aux_ids`."""
+    """The target loaded by the chosen backend (`sglang`: SGLang's modules, for --backend sglang), ready to capture."""
+    from safetensors import SafetensorError
+
     try:
-        if args.backend == "sglang":
-            return sglang_capture.load(target.path, device, dtype, aux_ids, args.batch_tokens, args.max_length)
+        if sglang is not None:
+            return sglang_capture.load(target.path, sglang, device, dtype, aux_ids, args.batch_tokens, args.max_length)
         return capture.HFCapturer(capture.load_target(target.path, device, dtype), aux_ids, pad_id)
-    except sglang_capture.SGLangUnavailable as exc:
-        raise UsageError(str(exc)) from None
-    except (OSError, ValueError, RuntimeError) as exc:
+    except (OSError, ValueError, RuntimeError, SafetensorError) as exc:  # a corrupt weights file among them
         raise ExtractFailed(f"cannot load the target from {target.path} with --backend {args.backend}: {exc}") from None
 
 
@@ -324,6 +331,12 @@ def run(args: argparse.Namespace) -> int:
         print(f"note: {len(aux_ids)} aux layers; SGLang 0.5.5 serves drafts with exactly 3", file=sys.stderr)
     device = choose_device(args.device)
     dtype = capture.resolve_dtype(args.dtype, device)
+    sglang = None
+    if args.backend == "sglang":
+        try:
+            sglang = sglang_capture.import_runner(device)
+        except sglang_capture.SGLangUnavailable as exc:
+            raise UsageError(str(exc)) from None
     chat_tokenizer = load_chat_tokenizer(target.path, args.chat_template)
     dataset = load_dataset(args.data, args.limit)
     print(f"data: {len(dataset.chats)} chats from {dataset.source}")
@@ -357,7 +370,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"target: {target.architecture}, {target.num_layers} layers, aux ids {aux_ids}, {dtype} on {device}")
     tokenizer = chat_tokenizer.tokenizer
     pad_id = next(i for i in (tokenizer.pad_token_id, tokenizer.eos_token_id, 0) if i is not None)
-    capturer = load_capturer(target, args, device, dtype, aux_ids, pad_id)
+    capturer = load_capturer(target, args, sglang, device, dtype, aux_ids, pad_id)
     run_shards(capturer, chat_tokenizer, dataset, progress, args.out, args)
     dropped = progress.dropped()
     if dropped:
@@ -391,6 +404,7 @@ def run(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    made_out = not args.out.exists()
     try:
         return run(args)
     except UsageError as exc:
@@ -399,3 +413,6 @@ def main(argv: list[str] | None = None) -> int:
     except (ExtractFailed, DataError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
+    finally:
+        if made_out:
+            remove_if_empty(args.out)  # a failure before the first shard leaves no empty folder behind

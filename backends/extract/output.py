@@ -18,6 +18,7 @@ the file name, a space, the hex SHA-256 of the file, a newline.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 from dataclasses import asdict, dataclass, field
@@ -173,6 +174,12 @@ def open_output(out: Path, settings: Settings, chats: int) -> tuple[Progress, li
         # A manifest from before would describe shards about to be rewritten.
         (out / MANIFEST).unlink(missing_ok=True)
     return progress, notes
+
+
+def remove_if_empty(out: Path) -> None:
+    """Remove an --out folder that holds nothing (an extraction that failed before its first shard)."""
+    with contextlib.suppress(OSError):  # not there, or not empty: nothing to undo
+        out.rmdir()
 
 
 def seal_shard(out: Path, shard: ShardRecord) -> ShardRecord:

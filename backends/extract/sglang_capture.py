@@ -17,9 +17,11 @@ from __future__ import annotations
 
 import atexit
 import importlib
+import importlib.metadata
 import itertools
 import json
 import os
+import re
 import shutil
 import tempfile
 from dataclasses import dataclass
@@ -38,6 +40,9 @@ CPU_ENGINE_ENV = "SGLANG_USE_CPU_ENGINE"
 # SGLang's rendezvous for its process group; a file instead of a TCP port on the host.
 INIT_METHOD_ENV = "SGLANG_DISTRIBUTED_INIT_METHOD_OVERRIDE"
 RUNNER_MODULE = "sglang.benchmark.one_batch"
+# SGLang's compiled kernels: the module, and the packages that provide it (0.5.23 pins sglang-kernel).
+KERNEL_MODULE = "sgl_kernel"
+KERNEL_PACKAGES = ("sglang-kernel", "sgl-kernel")
 
 
 class SGLangUnavailable(Exception):
@@ -115,27 +120,85 @@ def text_config(path: Path) -> dict[str, Any]:
     return text
 
 
-def load(path: Path, device: str, dtype: str, aux_ids: list[int], batch_tokens: int, max_length: int) -> SGLangCapturer:
-    """The target loaded by SGLang on `device` with a KV pool sized for one batch of `batch_tokens`."""
+@dataclass(frozen=True)
+class SGLangModules:
+    """The SGLang modules the backend drives, imported before anything is written."""
+
+    one_batch: ModuleType
+    engine: ModuleType
+    runtime: ModuleType
+    server: ModuleType
+
+
+def import_runner(device: str) -> SGLangModules:
+    """SGLang's in-process model runner for `device`; SGLangUnavailable (one line: what is missing, what to do)
+    when this SGLang cannot import it."""
     if device == "cpu":
         os.environ[CPU_ENGINE_ENV] = "1"
+    try:
+        # import_module: sglang is optional, and mypy must not need it.
+        return SGLangModules(
+            one_batch=importlib.import_module(RUNNER_MODULE),
+            engine=importlib.import_module("sglang.srt.entrypoints.engine"),
+            runtime=importlib.import_module("sglang.srt.runtime_context"),
+            server=importlib.import_module("sglang.srt.server_args"),
+        )
+    except ImportError as exc:
+        raise SGLangUnavailable(unavailable_message(exc, device)) from None
+
+
+def unavailable_message(exc: ImportError, device: str) -> str:
+    """Why this SGLang cannot run the extraction, told by what its import missed."""
+    version = sglang_facts.installed_version()
+    missing = (exc.name or "").partition(".")[0]
+    if missing == KERNEL_MODULE:
+        kernels = kernel_requirement()
+        todo = (
+            f"run the extraction on a GPU host that has them (pip install {kernels}), or build sgl-kernel for "
+            "CPU from SGLang's source (its CPU engine)"
+            if device == "cpu"
+            else f"install them on this host (pip install {kernels})"
+        )
+        return (
+            f"--backend sglang: SGLang {version} here has no kernels for {device} (module {KERNEL_MODULE}, "
+            f"from {kernels}: a CUDA build, for a GPU host); {todo}, or use --backend hf"
+        )
+    if missing in ("", "sglang"):
+        return (
+            f"--backend sglang: SGLang {version} lacks the in-process model runner this backend drives "
+            f"({RUNNER_MODULE}, written for SGLang {sglang_facts.EXTRACT_RUNNER_VERSION}: {exc}); use --backend hf"
+        )
+    return (
+        f"--backend sglang: SGLang {version} cannot import its model runner: the package that provides {missing} "
+        f"is not installed ({exc}); install SGLang with its dependencies (pip install sglang=={version}), "
+        "or use --backend hf"
+    )
+
+
+def kernel_requirement() -> str:
+    """The kernel package this SGLang requires, as its metadata pins it (`sglang-kernel==0.4.10` for 0.5.23)."""
+    try:
+        requirements = importlib.metadata.requires("sglang") or []
+    except importlib.metadata.PackageNotFoundError:
+        requirements = []
+    for requirement in requirements:
+        spec, _, marker = requirement.partition(";")
+        name = re.split(r"[\s\[<>=!~(]", spec.strip(), maxsplit=1)[0]
+        if name.lower().replace("_", "-") in KERNEL_PACKAGES and "extra" not in marker:
+            return spec.replace(" ", "")
+    return KERNEL_PACKAGES[0]
+
+
+def load(
+    path: Path, sglang: SGLangModules, device: str, dtype: str, aux_ids: list[int], batch_tokens: int, max_length: int
+) -> SGLangCapturer:
+    """The target loaded by SGLang on `device` with a KV pool sized for one batch of `batch_tokens`."""
     folder = tempfile.mkdtemp(prefix="eagle3-sglang-")
     atexit.register(shutil.rmtree, folder, ignore_errors=True)
     os.environ.setdefault(INIT_METHOD_ENV, f"file://{folder}/rendezvous")
-    try:
-        # import_module: sglang is optional, and mypy must not need it.
-        one_batch = importlib.import_module(RUNNER_MODULE)
-        engine = importlib.import_module("sglang.srt.entrypoints.engine")
-        runtime = importlib.import_module("sglang.srt.runtime_context")
-        server = importlib.import_module("sglang.srt.server_args")
-    except ImportError as exc:
-        raise SGLangUnavailable(
-            f"--backend sglang: SGLang {sglang_facts.installed_version()} lacks the in-process model runner this "
-            f"backend drives ({exc}; known to work with {sglang_facts.EXTRACT_RUNNER_VERSION}); use --backend hf"
-        ) from None
     gpu_id = int(device.partition(":")[2] or 0) if device.startswith("cuda") else 0
     max_requests = min(batch_tokens, 4096)
-    server_args = server.ServerArgs(
+    server_args = sglang.server.ServerArgs(
         model_path=str(path),
         device="cuda" if device.startswith("cuda") else device,
         dtype=dtype,
@@ -149,11 +212,11 @@ def load(path: Path, device: str, dtype: str, aux_ids: list[int], batch_tokens: 
         **({"attention_backend": "torch_native"} if device == "cpu" else {}),
     )
     server_args.resolve_once()
-    engine._set_envs_and_config(server_args)
-    port_args = server.PortArgs.init_new(server_args)
-    runtime.publish(server_args, role="scheduler", ranks=runtime.SpawnRanks(world_rank=0, gpu_id=gpu_id))
-    one_batch._init_process_global_configs()
-    bench_runner, _tokenizer = one_batch.load_model(server_args, port_args, gpu_id, 0)
+    sglang.engine._set_envs_and_config(server_args)
+    port_args = sglang.server.PortArgs.init_new(server_args)
+    sglang.runtime.publish(server_args, role="scheduler", ranks=sglang.runtime.SpawnRanks(world_rank=0, gpu_id=gpu_id))
+    sglang.one_batch._init_process_global_configs()
+    bench_runner, _tokenizer = sglang.one_batch.load_model(server_args, port_args, gpu_id, 0)
     runner = bench_runner.torch_runner
     runner.model.set_eagle3_layers_to_capture(list(aux_ids))
-    return SGLangCapturer(runner=runner, one_batch=one_batch, aux_ids=list(aux_ids), max_requests=max_requests)
+    return SGLangCapturer(runner=runner, one_batch=sglang.one_batch, aux_ids=list(aux_ids), max_requests=max_requests)
