@@ -17,6 +17,10 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 # .venv (the tests reach it through PYTHONPATH, as a serve command's own environment would).
 SGLANG_PARSER ?= .sglang-parser
 SGLANG_PARSER_VERSION ?= 0.5.23
+# The real-SGLang tier: a Python of its own where SGLang's loader and model classes import on CPU
+# (sglang-real-requirements.txt). Tests reach it through EAGLE3_SGLANG_PYTHON and never skip for want of it.
+SGLANG_REAL ?= .sglang-real
+SGLANG_REAL_TORCH ?= torch==2.14.1 torchvision==0.29.1
 
 $(VENV)/.installed: pyproject.toml constraints-test.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -53,14 +57,24 @@ $(SGLANG_PARSER)/.installed: sglang-parser-requirements.txt | $(VENV)/.installed
 	$(PY) -m pip install -q --target $(SGLANG_PARSER) -r sglang-parser-requirements.txt
 	touch $@
 
+$(SGLANG_REAL)/.installed: sglang-real-requirements.txt
+	rm -rf $(SGLANG_REAL)
+	$(PYTHON) -m venv $(SGLANG_REAL)
+	$(SGLANG_REAL)/bin/pip install -q --upgrade pip
+	$(SGLANG_REAL)/bin/pip install -q $(SGLANG_REAL_TORCH)
+	$(SGLANG_REAL)/bin/pip install -q --no-deps -r sglang-real-requirements.txt
+	$(SGLANG_REAL)/bin/python -W ignore -c "import sglang.srt.models.llama_eagle3, sglang.srt.model_loader.loader"
+	touch $@
+
 $(SSHD):
 	$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -q openssh-server || \
 		($(SUDO) apt-get update -q && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -q openssh-server)
 
-unit: $(VENV)/.installed $(SGLANG_PARSER)/.installed $(SSHD)
-	EAGLE3_SGLANG_PARSER_PATH=$(abspath $(SGLANG_PARSER)) $(PY) -m pytest -q
+unit: $(VENV)/.installed $(SGLANG_PARSER)/.installed $(SGLANG_REAL)/.installed $(SSHD)
+	EAGLE3_SGLANG_PARSER_PATH=$(abspath $(SGLANG_PARSER)) EAGLE3_SGLANG_PYTHON=$(abspath $(SGLANG_REAL))/bin/python \
+		$(PY) -m pytest -q
 
 test: lint typecheck unit
 
 clean:
-	rm -rf $(VENV) $(SGLANG_PARSER) $(DEMO_WORKDIR) .mypy_cache .ruff_cache .pytest_cache .hypothesis
+	rm -rf $(VENV) $(SGLANG_PARSER) $(SGLANG_REAL) $(DEMO_WORKDIR) .mypy_cache .ruff_cache .pytest_cache .hypothesis

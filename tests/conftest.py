@@ -34,6 +34,21 @@ def own_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
 
 
+@pytest.fixture(scope="session")
+def sglang_python() -> Path:
+    """The real-SGLang tier's interpreter (SGLang 0.5.23 importable on CPU), named by EAGLE3_SGLANG_PYTHON.
+
+    `make test` always installs it and names it, so in CI this never skips; a name that is not an
+    interpreter fails rather than skips."""
+    named = os.environ.get("EAGLE3_SGLANG_PYTHON")
+    if not named:
+        pytest.skip("EAGLE3_SGLANG_PYTHON is not set: `make test` installs the real-SGLang tier and sets it")
+    path = Path(named)
+    if not os.access(path, os.X_OK):
+        pytest.fail(f"EAGLE3_SGLANG_PYTHON={named} is not an interpreter: run `make .sglang-real/.installed`")
+    return path
+
+
 @pytest.fixture
 def workdir(tmp_path: Path) -> Iterator[Path]:
     """The run store of one test; whatever runs it started are killed afterwards, even when the test failed."""
