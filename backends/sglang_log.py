@@ -3,12 +3,17 @@
 The lines are SGLang 0.5.5's and 0.5.23's (`sglang.md`); NCCL's and PyTorch's
 are the same for every run kind, so training runs are read with the same table.
 `OutputReader` is fed the output as it arrives (bytes, `\\r` progress bars
-included) and reports each phase change and each failure once.
+included) and reports each phase change and each failure once; it also keeps
+the lines that end a crash (each traceback's exception line, a shell's report
+of a signal), so that a server that exits non-zero with no failure recognised
+is still explained (`crash`): `crashed: RuntimeError: ...`.
 """
 
 from __future__ import annotations
 
 import re
+import signal
+from collections import deque
 from dataclasses import dataclass, field
 
 # A line's scheduler prefix: `[2026-11-29 07:00:00 TP0] message` (TPn/DPn/PPn/EPn only when that size > 1).
@@ -28,6 +33,8 @@ class Failure:
     words: tuple[str, ...]  # a line the pattern matches holds one of these (the cheap test before the pattern)
     meaning: str
     hint: str
+    # False: the line says that a process died, not why; a crash diagnosis then adds its last exception line.
+    names_cause: bool = True
 
 
 FAILURES: tuple[Failure, ...] = (
@@ -68,6 +75,7 @@ FAILURES: tuple[Failure, ...] = (
         ("scheduler is dead", "scheduler died during initialization", "Subprocess "),
         "a scheduler process died",
         "its own error is earlier in the log; exit code -9 usually means the OS OOM killer (host memory)",
+        names_cause=False,
     ),
     Failure(
         "scheduler-exception",
@@ -75,6 +83,7 @@ FAILURES: tuple[Failure, ...] = (
         ("Scheduler hit an exception",),
         "a scheduler process raised an exception and the server is shutting down",
         "the traceback that follows in the log says where",
+        names_cause=False,
     ),
     Failure(
         "no-aux-capture",
@@ -96,6 +105,16 @@ FAILURES: tuple[Failure, ...] = (
         ("Address already in use",),
         "the server's port is taken by another process",
         "choose another --port, or find the other server with `status` and stop it",
+    ),
+    Failure(
+        "no-accelerator",
+        # 0.5.23's get_device(), raised while the server's arguments are resolved, before any model loads.
+        re.compile(r"No accelerator \([\w, ]+\) or platform plugin is available"),
+        ("No accelerator",),
+        "SGLang found no GPU visible to this process",
+        "check CUDA_VISIBLE_DEVICES (the run's --gpus), the driver (nvidia-smi on the host), and that the "
+        "serve command's interpreter has a CUDA build of torch (python -c 'import torch; "
+        "print(torch.cuda.is_available())')",
     ),
     Failure(
         "warmup-failed",
@@ -170,6 +189,17 @@ DECODE_FIGURES = {
     "queue_req": re.compile(r"#queue-req: (\d+)"),
     "token_usage": re.compile(r"token usage: ([\d.]+)"),
 }
+# Python's traceback: its frames are indented, and the first line after them that is not names the exception
+# (`RuntimeError: ...`, `torch.OutOfMemoryError: ...`, `KeyboardInterrupt`); lines of other processes may come
+# between. A traceback longer than this is given up (nothing more of it would be read).
+TRACEBACK = "Traceback (most recent call last)"
+MAX_TRACEBACK_LINES = 1000
+_EXCEPTION_LINE = re.compile(r"([A-Za-z_][\w.]*)(?::(?:\s.*)?)?")
+# A shell's report of a child it lost to a signal: bash's `bash: line 1: 4242 Killed    python ...`, dash's `Killed`.
+SHELL_SIGNALS = {"Killed": "KILL", "Segmentation fault": "SEGV", "Aborted": "ABRT", "Bus error": "BUS"}
+_SHELL_REPORT = re.compile(
+    r"(?:\S+: (?:line \d+: )?\d+ +)?(" + "|".join(SHELL_SIGNALS) + r")(?: \(core dumped\))?(?:\s|$)"
+)
 # tqdm's bar (`45%|###`) and SGLang's own (`45% Completed | 29/64`): where a phase's progress is read.
 PROGRESS_WORDS = ("%|", "Completed |")
 # A line holding none of these words cannot matter (most lines: decode stats, user prints); a substring
@@ -179,6 +209,8 @@ _KEYWORDS = (
     DECODE_LINE,
     *(word for failure in FAILURES for word in failure.words),
     *(word for phase in PHASES for word in phase.words),
+    TRACEBACK,
+    *SHELL_SIGNALS,
 )
 _LINE_END = re.compile(r"[\r\n]")
 
@@ -203,6 +235,9 @@ class OutputReader:
     target_loaded: bool = False  # a `Load weight end` named a class that is not a draft
     draft: bool = False  # the draft worker's steps have begun (0.5.5 repeats init and loading for it)
     seen: set[str] = field(default_factory=set)
+    # The lines that end a crash, newest last: each traceback's exception line, a shell's report of a signal.
+    crash_lines: deque[str] = field(default_factory=lambda: deque(maxlen=16))
+    _traceback: int | None = None  # lines read inside the traceback being read; None: outside one
     _partial: bytes = b""
 
     def feed(self, data: bytes) -> list[Event]:
@@ -212,11 +247,12 @@ class OutputReader:
         self._partial = buffer[end:][-MAX_LINE:]
         events: list[Event] = []
         for text in _LINE_END.split(buffer[:end].decode("utf-8", errors="replace")):
-            if any(word in text for word in _KEYWORDS):
+            if self._traceback is not None or any(word in text for word in _KEYWORDS):
                 events += self.line(text[:MAX_LINE])
         return events
 
     def line(self, text: str) -> list[Event]:
+        self._crash_line(text)
         message = _PREFIX.sub("", text.strip())
         events: list[Event] = []
         # A line is one failure, the most specific (FAILURES' order): a capture failure's text mentions OOM too.
@@ -239,6 +275,22 @@ class OutputReader:
                 break
         return events
 
+    def _crash_line(self, text: str) -> None:
+        """Keep the line that ends a traceback (its exception) or that reports a signal."""
+        if self._traceback is not None:
+            self._traceback += 1
+            exception = None if text[:1].isspace() else _EXCEPTION_LINE.fullmatch(text.rstrip())
+            if exception is not None and is_exception_name(exception.group(1)):
+                self.crash_lines.append(text.strip())
+                self._traceback = None
+            elif self._traceback > MAX_TRACEBACK_LINES:
+                self._traceback = None
+            return  # a frame, its source, a caret line, or another process's line between them
+        if TRACEBACK in text:
+            self._traceback = 0
+        elif (report := _SHELL_REPORT.match(text)) is not None:
+            self.crash_lines.append(report.group(1))
+
     def _named(self, phase: str, message: str) -> str:
         """The phase, told apart for the draft: init and loading after the target's weights are the draft's."""
         if phase == "memory-pool" and "type=" in message:
@@ -259,3 +311,64 @@ class OutputReader:
 
 def failure(code: str) -> Failure:
     return next(f for f in FAILURES if f.code == code)
+
+
+def is_exception_name(name: str) -> bool:
+    """`RuntimeError`, `torch.OutOfMemoryError`, `KeyboardInterrupt`: a class name ends the dotted path (not a
+    logger's `INFO` or a word of prose)."""
+    last = name.rpartition(".")[2]
+    return last[:1].isupper() and any(c.islower() for c in last)
+
+
+CRASHED = "crashed"
+# What a signal that ended a process usually means, for a crash that printed no exception of its own.
+SIGNAL_HINTS = {
+    "SIGKILL": "SIGKILL is most often the OS out-of-memory killer (host memory): `dmesg` or `journalctl -k` on the "
+    "host says; lower what the run holds in host memory",
+    "SIGSEGV": "a crash in native code (CUDA, NCCL or a compiled kernel): the lines before it in the log say where; "
+    "relaunch with NCCL_DEBUG=INFO or CUDA_LAUNCH_BLOCKING=1 to narrow it down",
+}
+SIGNAL_HINTS["SIGABRT"] = SIGNAL_HINTS["SIGBUS"] = SIGNAL_HINTS["SIGSEGV"]
+
+
+@dataclass(frozen=True)
+class Crash:
+    """How a server that exited non-zero ended, when no failure that names a cause was recognised."""
+
+    meaning: str
+    hint: str
+    line: str
+
+
+def crash(reader: OutputReader, returncode: int) -> Crash | None:
+    """The crash diagnosis of a server that ended with `returncode` (negative: killed by that signal), from the
+    last exception line of its output (a child's, before the launcher's line that only says the child died),
+    else a shell's report of a signal, else how it ended; None for a clean exit or a failure already explained."""
+    if returncode == 0 or any(failure(code).names_cause for code in reader.seen):
+        return None
+    killer = ending_signal(returncode)
+    how = f"signal {killer}" if returncode < 0 else f"exit code {returncode}"
+    if returncode > 0 and killer is not None:
+        how += f" (128+{returncode - 128}: {killer})"
+    consequences = [f.pattern for f in FAILURES if not f.names_cause]
+    causes = [line for line in reader.crash_lines if not any(pattern.search(line) for pattern in consequences)]
+    last = (causes or list(reader.crash_lines))[-1:]
+    if not last:
+        hint = SIGNAL_HINTS.get(killer or "", "the last lines of its log say why")
+        return Crash(f"the server ended with {how} and printed no exception", hint, "")
+    line = last[0]
+    if line in SHELL_SIGNALS:
+        name = "SIG" + SHELL_SIGNALS[line]
+        return Crash(
+            f"{line}: a process of the server was killed by {name}; it ended with {how}", SIGNAL_HINTS[name], line
+        )
+    return Crash(line, f"read its traceback, just above that line in the log: it says where (then {how})", line)
+
+
+def ending_signal(returncode: int) -> str | None:
+    """The signal that ended the process (`SIGKILL`): its own (negative), or a shell's 128+N; None for an exit."""
+    number = -returncode if returncode < 0 else returncode - 128 if returncode > 128 else 0
+    try:
+        return signal.Signals(number).name if number else None
+    except ValueError:
+        return None

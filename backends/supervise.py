@@ -170,6 +170,8 @@ class Supervisor:
             self.best_effort(watcher.stop)
             if watcher.disk_full is not None and self.disk_full is None:
                 self.disk_full = watcher.disk_full
+        if watcher is not None:  # explained before exit.json: whoever sees the end finds the diagnosis
+            self.best_effort(lambda: watcher.explain_exit(code))
         ended: dict[str, object] = {"code": code, "signal": None, "error": None, "ended_at": time.time()}
         if code < 0:
             ended.update(code=None, signal=signal.Signals(-code).name.removeprefix("SIG"))
@@ -179,7 +181,10 @@ class Supervisor:
             ended["disk_full"] = self.disk_full
         self.record(EXIT, ended)
         self.flush()
-        self.event("state", state=RunDir(run.path).state())
+        state = RunDir(run.path).state()
+        if watcher is not None:  # watch.json agrees with the run's final state
+            self.best_effort(lambda: watcher.settle(state))
+        self.event("state", state=state)
         return 0
 
     def wait(self, child: subprocess.Popen[bytes]) -> int:

@@ -15,6 +15,9 @@ called stalled. Output or activity after a stall is recorded as a resume.
 
 The watch's verdict is `watch.json` in the run folder (state, phase, health,
 stall), written atomically on every change; its events go to events.jsonl.
+When the run ends, a server that crashed with no failure recognised is
+diagnosed from its output (`sglang_log.crash`) before exit.json is written,
+and watch.json's state becomes the run's final one.
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ from backends.runstore import (
     OUTPUT,
     STACKS,
     WATCH,
+    CorruptFile,
     RunDir,
     RunSpec,
     SpecError,
@@ -163,7 +167,7 @@ def sitting_still(samples: list[Activity]) -> str | None:
 class Watch:
     """The watch's verdict on the run (what `watch.json` holds)."""
 
-    state: str = "running"  # running | ready | stalled
+    state: str = "running"  # running | ready | stalled; once the run ended, its final state (exited | failed | killed)
     phase: str | None = None
     health: str | None = None
     stalled_since: float | None = None
@@ -216,6 +220,26 @@ class RunWatcher:
         self._thread.join()
         self._read_output()  # the last lines before the exit still count (a failure printed as it died)
 
+    def explain_exit(self, returncode: int) -> None:
+        """Before exit.json is written (whoever sees the end finds it explained): a server that exited non-zero
+        with no failure recognised that names its cause gets a `crashed` diagnosis; not one we signalled."""
+        if not self.serving:
+            return
+        try:
+            if any(e.get("type") == "signal" for e in self.run.events()):
+                return
+        except CorruptFile:  # the run is `corrupt`, with that file's reason: nothing more to say here
+            return
+        found = sglang_log.crash(self.reader, returncode)
+        if found is not None:
+            self._diagnosed(Diagnosis(code=sglang_log.CRASHED, meaning=found.meaning, hint=found.hint, line=found.line))
+            self._save()
+
+    def settle(self, state: str) -> None:
+        """After exit.json: the watch's verdict is the run's final state, not the last one it watched."""
+        self.watch.state = state
+        self._save()
+
     def _loop(self) -> None:
         while not self._stop.wait(TICK_S):
             try:
@@ -266,15 +290,17 @@ class RunWatcher:
                 self.run.append_event("phase", phase=event.name, line=event.line)
             else:
                 known = sglang_log.failure(event.name)
-                found = Diagnosis(code=known.code, meaning=known.meaning, hint=known.hint, line=event.line)
-                self.run.append_event("diagnosis", **found)
-                self.watch.diagnoses.append(found)
+                self._diagnosed(Diagnosis(code=known.code, meaning=known.meaning, hint=known.hint, line=event.line))
         if events or self.reader.where() != self.watch.phase:
             self.watch.phase = self.reader.where()
             self._save()
         if self.url is None and self.reader.phase == "ready" and self.watch.state != "ready":
             self._set_state("ready")
         return True
+
+    def _diagnosed(self, found: Diagnosis) -> None:
+        self.run.append_event("diagnosis", **found)
+        self.watch.diagnoses.append(found)
 
     def _health(self, now: float) -> None:
         status = poll_health(self.url or "")
