@@ -24,6 +24,7 @@ import os
 import re
 import shutil
 import tempfile
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -136,13 +137,16 @@ def import_runner(device: str) -> SGLangModules:
     if device == "cpu":
         os.environ[CPU_ENGINE_ENV] = "1"
     try:
-        # import_module: sglang is optional, and mypy must not need it.
-        return SGLangModules(
-            one_batch=importlib.import_module(RUNNER_MODULE),
-            engine=importlib.import_module("sglang.srt.entrypoints.engine"),
-            runtime=importlib.import_module("sglang.srt.runtime_context"),
-            server=importlib.import_module("sglang.srt.server_args"),
-        )
+        with warnings.catch_warnings():
+            # SGLang warns on import about each quantization kernel the device lacks (AWQ, GGUF): not ours to show.
+            warnings.simplefilter("ignore", UserWarning)
+            # import_module: sglang is optional, and mypy must not need it.
+            return SGLangModules(
+                one_batch=importlib.import_module(RUNNER_MODULE),
+                engine=importlib.import_module("sglang.srt.entrypoints.engine"),
+                runtime=importlib.import_module("sglang.srt.runtime_context"),
+                server=importlib.import_module("sglang.srt.server_args"),
+            )
     except ImportError as exc:
         raise SGLangUnavailable(unavailable_message(exc, device)) from None
 
