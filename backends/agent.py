@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import backends
-from backends import preflight, protocol, runctl
+from backends import preflight, protocol, runctl, serve_flags
 from backends.bounded import bounded_info, within_budget
 from backends.convert import ConvertError, convert
 from backends.freegpus import FreePlan, free_gpus
@@ -311,6 +311,11 @@ class Agent:
             context_length=context_length,
             dry_load=dry_load,
         )
+
+    async def op_relaunch_presets(self, run: str) -> dict[str, Any]:
+        """The relaunch presets spelled for the SGLang that parses the run's flags (its verdict is usually cached)."""
+        spec = self.store.get(run).trusted_spec()
+        return await asyncio.to_thread(serve_flags.relaunch_presets, spec.argv, spec.env, spec.cwd)
 
     async def op_preflight(self, kind: str, argv: list[Any], cwd: str | None, env: dict[str, Any]) -> PreflightResult:
         if not all(isinstance(a, str) for a in argv):

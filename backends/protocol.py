@@ -181,7 +181,9 @@ class DoctorResult(TypedDict):
 class PreflightResult(TypedDict):
     """The pre-launch checks of a serve command: SGLang's parser on its flags, doctor on its draft."""
 
-    flags: Finding | None  # launch-flags (error) or launch-flags-unchecked (info); None: the flags parse
+    # launch-flags (error), launch-flags-warned (warning: accepted, with the parser's warnings),
+    # launch-flags-unchecked (info); None: the flags parse cleanly
+    flags: Finding | None
     doctor: DoctorResult | None  # None: the command names no draft
 
 
@@ -290,6 +292,7 @@ OPS: dict[str, _ArgSpec] = {
         "dry_load": (_BOOL, False, False),
         "cwd": (_OPT_STR, False, None),
     },
+    "relaunch_presets": {"run": (_STR, True, None)},
     "preflight": {
         "kind": (_STR, True, None),
         "argv": (_LIST, True, None),

@@ -25,6 +25,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from backends import sglang_facts
 from backends.masking import mask_text
 from backends.protocol import Finding
 from backends.runstore import atomic_write_json
@@ -33,9 +34,11 @@ from backends.sglang_facts import SERVER_MODULES
 CHECK_TIMEOUT_S = 60.0
 CACHE_ENTRIES = 64
 
-# Runs in the serve command's interpreter: parse argv[1:] with ServerArgs' parser and print one JSON line.
+# Runs in the serve command's interpreter: parse argv[1:] with ServerArgs' parser and print one JSON line: the
+# verdict, the warnings the parser logged or warned while parsing (a deprecated flag: 0.5.23's `--disable-cuda-graph`),
+# and the SGLang version.
 _PARSE = """
-import argparse, json, sys
+import argparse, importlib.metadata, json, logging, re, sys, warnings
 try:
     from sglang.srt import server_args
     from sglang.srt.server_args import ServerArgs
@@ -50,14 +53,33 @@ class Parser(argparse.ArgumentParser):
     def error(self, message):
         raise Refused(message)
 
+class Said(logging.Handler):
+    def __init__(self):
+        super().__init__(logging.WARNING)
+        self.messages = []
+    def emit(self, record):
+        self.messages.append(record.getMessage())
+
+try:
+    version = importlib.metadata.version("sglang")
+except importlib.metadata.PackageNotFoundError:
+    version = None
 parser = Parser(prog="sglang.launch_server")
 ServerArgs.add_cli_args(parser)
-try:
-    parser.parse_args(sys.argv[1:])
-except Refused as exc:
-    print(json.dumps({"refused": str(exc), "parser": server_args.__file__}))
-else:
-    print(json.dumps({"ok": True, "parser": server_args.__file__}))
+said = Said()
+logging.getLogger().addHandler(said)
+verdict = {"parser": server_args.__file__, "version": version}
+with warnings.catch_warnings(record=True) as warned:
+    warnings.simplefilter("always")
+    try:
+        parser.parse_args(sys.argv[1:])
+    except Refused as exc:
+        verdict["refused"] = str(exc)
+    else:
+        verdict["ok"] = True
+ansi = re.compile(r"\\x1b\\[[0-9;]*m")  # SGLang colours its deprecation warnings
+verdict["warnings"] = [ansi.sub("", text).strip() for text in [*said.messages, *(str(w.message) for w in warned)]]
+print(json.dumps(verdict))
 """
 
 
@@ -73,49 +95,99 @@ def server_command(argv: list[str]) -> tuple[str, list[str]] | None:
     return None
 
 
+class _Unchecked(Exception):
+    """SGLang's parser gave no verdict (the message says why)."""
+
+
 def check(argv: list[str], env: Mapping[str, str] | None = None, cwd: str | None = None) -> Finding | None:
-    """SGLang's verdict on a serve command's flags: an error finding, an info one when unchecked, None when valid."""
+    """SGLang's verdict on a serve command's flags: an error finding when refused, a warning one when accepted with
+    warnings (a deprecated flag), an info one when unchecked, None when valid."""
     command = server_command(argv)
     if command is None:
         return None
     python, flags = command
-    key = _cache_key(python, flags, env, cwd)
-    verdict = _cached(key)
-    if verdict is None:
-        try:
-            done = subprocess.run(
-                [python, "-c", _PARSE, *flags],
-                env={**os.environ, **(env or {})},
-                cwd=cwd,
-                stdin=subprocess.DEVNULL,
-                capture_output=True,
-                text=True,
-                timeout=CHECK_TIMEOUT_S,
-                check=False,
-            )
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            return _unchecked(f"{python} could not run SGLang's parser ({exc})")
-        lines = done.stdout.strip().splitlines()
-        try:
-            verdict = json.loads(lines[-1]) if lines else {}
-        except ValueError:
-            verdict = {}
-        if not isinstance(verdict, dict) or not verdict:
-            last = (done.stderr.strip().splitlines() or ["no output"])[-1]
-            return _unchecked(f"SGLang's parser exited {done.returncode} without a verdict: {last}")
-        if "refused" in verdict:  # argparse quotes the words it refuses, secret values among them
-            verdict["refused"] = mask_text(str(verdict["refused"]), argv)
-        _remember(key, verdict)
+    try:
+        verdict = _verdict(python, flags, argv, env, cwd)
+    except _Unchecked as exc:
+        return _unchecked(str(exc))
+    warned = " ".join(verdict["warnings"])
     if "refused" in verdict:
         return Finding(
             code="launch-flags",
             severity="error",
-            message=f"SGLang's argument parser refuses this command line: {verdict['refused']}",
+            message=f"SGLang's argument parser refuses this command line: {verdict['refused']}"
+            + (f" (it also warns: {warned})" if warned else ""),
             fix="correct the flag (SGLang would exit at once); launch with --force to start anyway",
         )
-    if verdict.get("ok"):
+    if not verdict.get("ok"):
+        return _unchecked(f"{python} cannot import SGLang's server arguments ({verdict.get('unavailable')})")
+    if warned:
+        return Finding(
+            code="launch-flags-warned",
+            severity="warning",
+            message=f"SGLang {verdict.get('version') or '?'}'s argument parser accepts this command line but warns: "
+            + warned,
+            fix=deprecation_fix(verdict.get("version"), flags),
+        )
+    return None
+
+
+def deprecation_fix(version: str | None, flags: list[str]) -> str | None:
+    """What to write instead of the deprecated flags among `flags`, as `version` spells it (None: none known)."""
+    renames = sglang_facts.deprecated_flags(version)
+    used = [flag for flag in dict.fromkeys(f.partition("=")[0] for f in flags) if flag in renames]
+    if not used:
         return None
-    return _unchecked(f"{python} cannot import SGLang's server arguments ({verdict.get('unavailable')})")
+    return "; ".join(f"write {' '.join(renames[flag])} instead of {flag}" for flag in used)
+
+
+def relaunch_presets(argv: list[str], env: Mapping[str, str] | None = None, cwd: str | None = None) -> dict[str, Any]:
+    """The relaunch presets for a serve command, spelled for the SGLang that parses its flags (its verdict is
+    usually cached from the launch): {"version": V or None, "presets": [...]}."""
+    command = server_command(argv)
+    version = None
+    if command is not None:
+        with contextlib.suppress(_Unchecked):
+            version = _verdict(command[0], command[1], argv, env, cwd).get("version")
+    return {"version": version, "presets": list(sglang_facts.relaunch_presets(version))}
+
+
+def _verdict(
+    python: str, flags: list[str], argv: list[str], env: Mapping[str, str] | None, cwd: str | None
+) -> dict[str, Any]:
+    """The parser's verdict on `flags` (cached, or asked now), its quotes of secret values masked; _Unchecked
+    when the interpreter gives none."""
+    key = _cache_key(python, flags, env, cwd)
+    verdict = _cached(key)
+    if verdict is not None:
+        return verdict
+    try:
+        done = subprocess.run(
+            [python, "-c", _PARSE, *flags],
+            env={**os.environ, **(env or {})},
+            cwd=cwd,
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=CHECK_TIMEOUT_S,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise _Unchecked(f"{python} could not run SGLang's parser ({exc})") from None
+    lines = done.stdout.strip().splitlines()
+    try:
+        verdict = json.loads(lines[-1]) if lines else {}
+    except ValueError:
+        verdict = {}
+    if not isinstance(verdict, dict) or not verdict:
+        last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        raise _Unchecked(f"SGLang's parser exited {done.returncode} without a verdict: {last}")
+    # argparse quotes the words it refuses, and a warning may quote a flag: secret values among them.
+    if "refused" in verdict:
+        verdict["refused"] = mask_text(str(verdict["refused"]), argv)
+    verdict["warnings"] = [mask_text(str(w), argv) for w in verdict.get("warnings") or []]
+    _remember(key, verdict)
+    return verdict
 
 
 def _unchecked(why: str) -> Finding:
@@ -156,6 +228,8 @@ def _cached(key: str) -> dict[str, Any] | None:
     if not isinstance(entry, dict) or not isinstance(entry.get("verdict"), dict):
         return None
     verdict: dict[str, Any] = entry["verdict"]
+    if not isinstance(verdict.get("warnings"), list):
+        return None  # kept by an older version, which did not keep the parser's warnings: ask again
     return verdict if entry.get("stamp") == _parser_stamp(verdict.get("parser")) else None
 
 

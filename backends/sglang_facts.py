@@ -379,3 +379,28 @@ HOST_FLAG = "--host"
 DEFAULT_PORT = 30000
 # Modules that start SGLang's server (`python -m MODULE FLAGS...`).
 SERVER_MODULES = ("sglang.launch_server",)
+
+# Flags a release accepts with a deprecation warning, and what replaces each. 0.5.23's parser says: "'--disable-
+# cuda-graph' is deprecated and will be removed in a future release. Use '--cuda-graph-backend-{decode,prefill}=
+# disabled' instead." (0.5.5 has no --cuda-graph-backend-* flags: --disable-cuda-graph is its spelling.)
+DEPRECATED_FLAGS: Mapping[str, Mapping[str, tuple[str, ...]]] = {
+    "0.5.5": {},
+    "0.5.23": {
+        "--disable-cuda-graph": ("--cuda-graph-backend-decode=disabled", "--cuda-graph-backend-prefill=disabled"),
+    },
+}
+# What a person most often relaunches a misbehaving launch with, in the spelling every release accepts.
+RELAUNCH_PRESETS: tuple[str, ...] = ("--disable-cuda-graph", "--disable-custom-all-reduce", "--mem-fraction-static=0.8")
+
+
+def deprecated_flags(version: str | None) -> Mapping[str, tuple[str, ...]]:
+    """The deprecated flags of the known release nearest `version`, each with its replacement ({} for None)."""
+    known = nearest_known(version) if version is not None else None
+    return DEPRECATED_FLAGS[known] if known is not None else {}
+
+
+def relaunch_presets(version: str | None) -> tuple[str, ...]:
+    """The relaunch presets spelled for `version` (None, an SGLang not known: the spelling every release accepts);
+    a preset of several flags is one string, space-separated."""
+    renames = deprecated_flags(version)
+    return tuple(" ".join(renames.get(preset, (preset,))) for preset in RELAUNCH_PRESETS)

@@ -16,6 +16,8 @@ import signal
 from collections import deque
 from dataclasses import dataclass, field
 
+from backends import sglang_facts
+
 # A line's scheduler prefix: `[2026-11-29 07:00:00 TP0] message` (TPn/DPn/PPn/EPn only when that size > 1).
 _PREFIX = re.compile(r"^\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:\s+[A-Z]{2}\d+)*\]\s*")
 # A tqdm bar's count: `Loading safetensors checkpoint shards:  45% Completed | 29/64 [...]`.
@@ -37,6 +39,11 @@ class Failure:
     names_cause: bool = True
 
 
+# Both releases' spelling of "no CUDA graphs" (0.5.23 deprecates 0.5.5's flag).
+_NO_CUDA_GRAPHS = (
+    f"--disable-cuda-graph (0.5.23: {' '.join(sglang_facts.deprecated_flags('0.5.23')['--disable-cuda-graph'])})"
+)
+
 FAILURES: tuple[Failure, ...] = (
     Failure(
         "cuda-graph-capture",
@@ -44,7 +51,7 @@ FAILURES: tuple[Failure, ...] = (
         ("Capture cuda graph failed",),
         "SGLang could not capture its CUDA graphs (usually out of memory while capturing)",
         "lower --mem-fraction-static, or the graph batch size (--cuda-graph-max-bs on 0.5.5, "
-        "--cuda-graph-max-bs-decode on 0.5.23), or relaunch with --disable-cuda-graph",
+        f"--cuda-graph-max-bs-decode on 0.5.23), or relaunch with {_NO_CUDA_GRAPHS}",
     ),
     Failure(
         "cuda-oom",
@@ -66,7 +73,7 @@ FAILURES: tuple[Failure, ...] = (
         re.compile(r"Scheduler watchdog timeout|Watchdog timeout \(self\.watchdog_timeout="),
         ("Scheduler watchdog timeout", "Watchdog timeout ("),
         "a batch ran longer than --watchdog-timeout, so SGLang killed the server",
-        "a hung kernel or collective is the usual cause: relaunch with --disable-cuda-graph or "
+        f"a hung kernel or collective is the usual cause: relaunch with {_NO_CUDA_GRAPHS} or "
         "--disable-custom-all-reduce; raise --watchdog-timeout only for truly slow batches",
     ),
     Failure(

@@ -348,7 +348,7 @@ def report_launched(result: dict[str, Any], as_json: bool) -> int:
     """Print a new run's id (or the whole reply as JSON); fail when it could not start."""
     verdict, flags = result.get("doctor"), result.get("flags")
     if flags and not as_json:
-        print(f"{flags['severity']}: {flags['message']}", file=sys.stderr)
+        print(render.flags_text(flags), file=sys.stderr)
     if verdict and verdict["findings"] and not as_json:
         print(format_result(verdict), file=sys.stderr)
     if as_json:

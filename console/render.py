@@ -356,6 +356,13 @@ def startup_event(event: dict[str, Any]) -> str | None:
     return None
 
 
+def flags_text(flags: dict[str, Any]) -> str:
+    """SGLang's parser on a serve command's flags (its refusal, its warnings, or why it was not asked), and for a
+    warning what to write instead."""
+    text = f"{flags['severity']}: {flags['message']}"
+    return text + (f"\n  fix: {flags['fix']}" if flags["severity"] == "warning" and flags.get("fix") else "")
+
+
 def relaunch_preview(result: dict[str, Any]) -> str:
     """What a relaunch would start, and what the pre-launch checks said of it (nothing was stopped)."""
     if result["would_stop"]:
@@ -365,7 +372,7 @@ def relaunch_preview(result: dict[str, Any]) -> str:
     lines = [head, f"  {command_line(result['argv'])}"]
     flags, verdict = result.get("flags"), result.get("doctor")
     if flags is not None:
-        lines.append(f"{flags['severity']}: {flags['message']}")
+        lines += flags_text(flags).splitlines()
     elif server_command(result["argv"]) is not None:
         lines.append("SGLang's parser: accepted")
     if verdict is not None:

@@ -147,10 +147,10 @@ def test_a_relaunch_onto_a_flag_sglang_refuses_is_refused_and_a_valid_one_goes_a
     assert refused.returncode == 1
     assert b"ambiguous option: --cuda-graph-max-bs could match" in refused.stderr
     assert runs(workdir) == [parent]
-    accepted = cli("relaunch", parent, "--set", "--disable-cuda-graph", "--json")
+    accepted = cli("relaunch", parent, "--set", "--skip-server-warmup", "--json")
     assert accepted.returncode == 0, accepted.stderr
     reply = json.loads(accepted.stdout)
-    assert reply["parent"] == parent and reply["flags"] is None and reply["argv"][-1] == "--disable-cuda-graph"
+    assert reply["parent"] == parent and reply["flags"] is None and reply["argv"][-1] == "--skip-server-warmup"
     cli("kill", reply["run"], "--grace", "1")
 
 
@@ -170,8 +170,100 @@ def test_a_dry_run_relaunch_shows_the_new_command_and_its_checks_and_stops_nothi
     text = preview.stdout.decode()
     assert f"run {parent} has no live process to stop; would start:" in text
     assert "--model-path /nowhere --disable-cuda-graph" in text
-    assert "SGLang's parser: accepted" in text
+    assert f"warning: SGLang 0.5.23's argument parser accepts this command line but warns: {DEPRECATED}\n" in text
+    assert f"  fix: write {NEW_SPELLING} instead of --disable-cuda-graph\n" in text
+    decode, prefill = NEW_SPELLING.split()
+    spelled = cli("relaunch", parent, "--set", decode, "--set", prefill, "--dry-run").stdout.decode()
+    assert "SGLang's parser: accepted" in spelled and "warn" not in spelled
     assert runs(workdir) == [parent]  # nothing started
+
+
+# SGLang 0.5.23's parser's own words for --disable-cuda-graph (captured from it, colours removed).
+DEPRECATED = (
+    "'--disable-cuda-graph' is deprecated and will be removed in a future release. "
+    "Use '--cuda-graph-backend-{decode,prefill}=disabled' instead."
+)
+NEW_SPELLING = "--cuda-graph-backend-decode=disabled --cuda-graph-backend-prefill=disabled"
+
+
+@needs_parser
+def test_a_deprecated_flag_is_accepted_with_sglangs_warning_and_the_spelling_to_use(tmp_path: Path) -> None:
+    runs_log = tmp_path / "runs.log"
+    python = tmp_path / "python-noting"
+    python.write_text(f'#!/bin/sh\necho ran >> {runs_log}\nexec {sys.executable} "$@"\n')
+    python.chmod(0o755)
+    command = [str(python), "-m", "sglang.launch_server", "--model-path", "m", "--disable-cuda-graph"]
+    env = {"PYTHONPATH": str(PARSER_PATH)}
+    finding = serve_flags.check(command, env)
+    assert finding == {
+        "code": "launch-flags-warned",
+        "severity": "warning",
+        "message": f"SGLang 0.5.23's argument parser accepts this command line but warns: {DEPRECATED}",
+        "fix": f"write {NEW_SPELLING} instead of --disable-cuda-graph",
+    }
+    assert serve_flags.check(command, env) == finding  # the cache keeps the warning with the verdict
+    assert runs_log.read_text().count("ran") == 1
+    assert serve_flags.check([*command[:-1], *NEW_SPELLING.split()], env) is None
+    # A refusal says the warnings too.
+    refused = serve_flags.check([*command, "--tp-size", "two"], env)
+    assert refused is not None and refused["severity"] == "error"
+    assert refused["message"].endswith(f"invalid int value: 'two' (it also warns: {DEPRECATED})")
+
+
+def test_a_verdict_cached_without_its_warnings_is_asked_again(tmp_path: Path) -> None:
+    # An SGLang whose parser warns of a deprecated flag through its logger, as 0.5.23's does.
+    parser_file = tmp_path / "site" / "sglang" / "srt" / "server_args.py"
+    parser_file.parent.mkdir(parents=True)
+    for package in (parser_file.parent.parent, parser_file.parent):
+        (package / "__init__.py").write_text("")
+    parser_file.write_text(
+        "import argparse, logging\n"
+        "class Old(argparse.Action):\n"
+        "    def __call__(self, parser, namespace, values, option_string=None):\n"
+        "        logging.getLogger(__name__).warning(f'\\033[1;33m{option_string!r} is deprecated\\033[0m')\n"
+        "class ServerArgs:\n"
+        "    @staticmethod\n"
+        "    def add_cli_args(p):\n"
+        "        p.add_argument('--old', nargs=0, action=Old)\n"
+    )
+    command = [*SERVER, "--old"]
+    env = {"PYTHONPATH": str(tmp_path / "site")}
+    first = serve_flags.check(command, env)
+    assert first is not None and first["message"].endswith("but warns: '--old' is deprecated")
+    cache = json.loads(serve_flags.cache_file().read_text())
+    for entry in cache.values():  # as an older eagle3-console kept it: the verdict alone
+        entry["verdict"] = {"ok": True, "parser": entry["verdict"]["parser"]}
+    serve_flags.cache_file().write_text(json.dumps(cache))
+    assert serve_flags.check(command, env) == first
+
+
+@needs_parser
+def test_a_launch_and_a_relaunch_with_a_deprecated_flag_show_sglangs_warning(cli: CLI, workdir: Path) -> None:
+    launched = cli("launch", "serve", *parser_env(), "--", *SERVER, "--model-path", "/nowhere", "--disable-cuda-graph")
+    assert launched.returncode == 0, launched.stderr
+    assert launched.stderr.decode() == (
+        f"warning: SGLang 0.5.23's argument parser accepts this command line but warns: {DEPRECATED}\n"
+        f"  fix: write {NEW_SPELLING} instead of --disable-cuda-graph\n"
+    )
+    parent = launched.stdout.decode().strip()
+    events = RunDir(workdir / "runs" / parent).events()
+    assert any(e["type"] == "flags" and e["code"] == "launch-flags-warned" for e in events)
+    wait_state(cli, parent, {"failed"})
+    reply = json.loads(cli("relaunch", parent, "--set", "--dp-size=1", "--dry-run", "--json").stdout)
+    assert reply["flags"]["code"] == "launch-flags-warned" and DEPRECATED in reply["flags"]["message"]
+
+
+@needs_parser
+def test_relaunch_presets_are_spelled_for_the_runs_sglang() -> None:
+    env = {"PYTHONPATH": str(PARSER_PATH)}
+    assert serve_flags.relaunch_presets([*SERVER, "--model-path", "m"], env) == {
+        "version": "0.5.23",
+        "presets": [NEW_SPELLING, "--disable-custom-all-reduce", "--mem-fraction-static=0.8"],
+    }
+    assert serve_flags.relaunch_presets(["python", "serve.py"]) == {
+        "version": None,
+        "presets": ["--disable-cuda-graph", "--disable-custom-all-reduce", "--mem-fraction-static=0.8"],
+    }
 
 
 @needs_parser

@@ -23,6 +23,7 @@ from textual.containers import Horizontal, Vertical
 from textual.widgets import DataTable, Footer, Header, HelpPanel, RichLog, Static
 
 from backends.protocol import TERMINAL_STATES
+from backends.sglang_facts import RELAUNCH_PRESETS
 from console import render
 from console.client import PAST_END, AgentClient, AgentError
 from console.transport import Transport, TransportError
@@ -295,10 +296,17 @@ class ConsoleApp(App[None]):
             self.notify("select a run to relaunch", severity="warning")
             return
 
-        def chosen(flags: tuple[list[str], list[str]] | None) -> None:
-            self.relaunch(run["id"], flags)
+        self.relaunch_dialog(run["id"], run["argv"])
 
-        self.push_screen(RelaunchScreen(run["id"], run["argv"]), chosen)
+    @work(group="actions")
+    async def relaunch_dialog(self, run_id: str, argv: list[str]) -> None:
+        """The flags to change, with presets spelled for the run's SGLang (the spelling every release accepts
+        when the host cannot say)."""
+        try:
+            presets = (await self.client.request("relaunch_presets", run=run_id))["presets"]
+        except (AgentError, TransportError):
+            presets = list(RELAUNCH_PRESETS)
+        self.relaunch(run_id, await self.push_screen_wait(RelaunchScreen(run_id, argv, presets)))
 
     @work(group="actions")
     async def relaunch(self, run_id: str, flags: tuple[list[str], list[str]] | None) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shlex
+from collections.abc import Sequence
 from typing import ClassVar
 
 from rich.text import Text
@@ -12,10 +13,8 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, Static
 
+from backends.sglang_facts import RELAUNCH_PRESETS
 from console.render import command_line
-
-# Flags a person most often relaunches SGLang with when a launch misbehaves.
-RELAUNCH_PRESETS = ("--disable-cuda-graph", "--disable-custom-all-reduce", "--mem-fraction-static=0.8")
 
 
 def dialog_css(screen: str) -> str:
@@ -28,6 +27,25 @@ def dialog_css(screen: str) -> str:
     {screen} Horizontal {{ height: auto; margin-top: 1; }}
     {screen} Button {{ margin-right: 2; }}
     """
+
+
+# The dialog's inside (96 columns less its border and padding), and what a button takes beyond its label.
+DIALOG_INSIDE = 90
+BUTTON_EXTRA = 4  # its own padding, and the margin to the next
+
+
+def preset_rows(presets: Sequence[str], width: int = DIALOG_INSIDE) -> list[list[str]]:
+    """The presets in rows that fit the dialog (a long one, like 0.5.23's two CUDA-graph flags, takes a row)."""
+    rows: list[list[str]] = []
+    used = width
+    for preset in presets:
+        size = len(preset) + BUTTON_EXTRA
+        if used + size > width:
+            rows.append([])
+            used = 0
+        rows[-1].append(preset)
+        used += size
+    return rows
 
 
 class ConfirmScreen(ModalScreen[bool]):
@@ -66,15 +84,17 @@ class ConfirmScreen(ModalScreen[bool]):
 
 
 class RelaunchScreen(ModalScreen[tuple[list[str], list[str]] | None]):
-    """The flags to set and to remove for a relaunch: `--flag[=value]` to set, `-flag` to remove."""
+    """The flags to set and to remove for a relaunch: `--flag[=value]` to set, `-flag` to remove; `presets` are
+    spelled for the run's SGLang (a preset of several flags is one space-separated string)."""
 
     DEFAULT_CSS = dialog_css("RelaunchScreen")
     BINDINGS: ClassVar[list[BindingType]] = [Binding("escape", "cancel", "cancel")]
 
-    def __init__(self, run: str, argv: list[str]) -> None:
+    def __init__(self, run: str, argv: list[str], presets: Sequence[str] = RELAUNCH_PRESETS) -> None:
         super().__init__()
         self.run = run
         self.argv = argv
+        self.presets = presets
 
     def compose(self) -> ComposeResult:
         with Vertical():
@@ -82,9 +102,10 @@ class RelaunchScreen(ModalScreen[tuple[list[str], list[str]] | None]):
             yield Static(Text(command_line(self.argv)), id="argv")
             yield Input(placeholder="--disable-cuda-graph  --mem-fraction-static=0.8  -cuda-graph-max-bs", id="flags")
             yield Static("Enter relaunches; a flag written -name (one dash) is removed. Presets:", id="hint")
-            with Horizontal():
-                for preset in RELAUNCH_PRESETS:
-                    yield Button(preset, classes="preset")
+            for row in preset_rows(self.presets):
+                with Horizontal():
+                    for preset in row:
+                        yield Button(preset, classes="preset")
             with Horizontal():
                 yield Button("Cancel", id="cancel", variant="primary")
                 yield Button("Relaunch", id="go", variant="warning")
