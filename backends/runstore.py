@@ -569,7 +569,7 @@ def disk_full_diagnosis(ended: dict[str, Any]) -> list[Diagnosis]:
     ]
 
 
-def _killed_by_us(run: RunDir, before: float | None = None) -> bool:
+def signalled_by_us(run: RunDir, before: float | None = None) -> bool:
     """Whether we signalled the run (kill, free-gpus) before `before`: a signal sent to what was left
     of a run after it ended does not change how it ended."""
     return any(
@@ -585,7 +585,7 @@ def derive_state(run: RunDir, watch: dict[str, Any] | None = None) -> str:
         if ended.get("error"):
             return "failed"
         ended_at = ended.get("ended_at")
-        if _killed_by_us(run, ended_at if _is_number(ended_at) else None):
+        if signalled_by_us(run, ended_at if _is_number(ended_at) else None):
             return "killed"
         return "exited" if ended.get("code") == 0 else "failed"
     proc = run.proc()  # read once: it names both processes
@@ -596,7 +596,7 @@ def derive_state(run: RunDir, watch: dict[str, Any] | None = None) -> str:
         watched = (run.watch() if watch is None else watch).get("state")
         alive = supervisor is not None and procinfo.is_alive(supervisor)
         return watched if alive and watched in ("ready", "stalled") else "running"
-    if child is not None and _killed_by_us(run):
+    if child is not None and signalled_by_us(run):
         # Our signal ended the child; its supervisor (stopped, or gone) has not written exit.json.
         return "killed"
     if supervisor is not None and procinfo.is_alive(supervisor):

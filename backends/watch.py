@@ -54,6 +54,7 @@ from backends.runstore import (
     atomic_write_bytes,
     atomic_write_json,
     private_dir,
+    signalled_by_us,
 )
 from backends.sglang_facts import DEFAULT_PORT, HOST_FLAG, PORT_FLAG, SERVER_MODULES
 
@@ -226,7 +227,7 @@ class RunWatcher:
         if not self.serving:
             return
         try:
-            if any(e.get("type") == "signal" for e in self.run.events()):
+            if signalled_by_us(self.run):
                 return
         except CorruptFile:  # the run is `corrupt`, with that file's reason: nothing more to say here
             return
