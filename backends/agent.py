@@ -300,8 +300,11 @@ class Agent:
         sglang_version: str | None,
         context_length: int | None,
         dry_load: bool,
+        sglang_python: str | None,
         cwd: str | None,
     ) -> DoctorResult:
+        if sglang_python is not None and os.sep in sglang_python:  # a bare name is looked up on PATH
+            sglang_python = str(self._path(sglang_python, cwd))
         return await asyncio.to_thread(
             preflight.full_diagnosis,
             self._path(draft, cwd),
@@ -310,6 +313,7 @@ class Agent:
             sglang_version=sglang_version,
             context_length=context_length,
             dry_load=dry_load,
+            sglang_python=sglang_python,
         )
 
     async def op_relaunch_presets(self, run: str) -> dict[str, Any]:

@@ -1,43 +1,52 @@
-"""Dry-load: feed the draft to the installed SGLang's own EAGLE-3 class and loader, on CPU.
+"""Dry-load: feed the draft to the serving SGLang's own EAGLE-3 class and loader, on CPU.
 
-The only check that is exact for whatever SGLang is installed: the draft class is
-built for the draft config (single-process gloo group, SGLang's runtime published
-with a CPU ServerArgs), every parameter is filled with NaN, and the checkpoint is
-fed through the class's own `load_weights` one tensor at a time. A tensor after
-which no parameter changed was not consumed; a parameter still holding NaN was
-never written. The work runs in a child process (`python -m backends.dryload
-DRAFT`), so the caller's process never imports sglang nor joins a process group;
-without sglang the result is one info finding. `doctor`'s static rules are the
-fallback.
+The only check that is exact for the SGLang that will serve: the draft class is
+built for the draft config (SGLang's runtime set up as its scheduler does for
+one rank: `sglang_runtime`), every parameter is filled with NaN, and the
+checkpoint is fed through the class's own `load_weights` one tensor at a time.
+A tensor after which no parameter changed was not consumed; a parameter still
+holding NaN was never written. No forward runs: on a machine without CUDA, a
+kernel module a layer only references while it is built (0.5.23's rotary
+embedding takes vllm's there) is stood in for, and only then.
+
+The work runs in a child process of the interpreter that will serve (`PYTHON
+-m backends.dryload DRAFT`, our package first on its PYTHONPATH, the serve
+command's environment and folder), so the caller never imports sglang nor
+joins a process group. Only findings about the draft are errors: when the
+dry-load itself cannot run (no sglang there, a module SGLang's layers need on
+this machine, a crash, a timeout) it is `dry-load-skipped` with the reason, a
+warning at most, and `doctor`'s static rules stand alone.
 """
 
 from __future__ import annotations
 
+import contextlib
+import importlib
 import importlib.util
 import json
-import socket
+import os
 import subprocess
 import sys
-from collections.abc import Iterable, Iterator
+import types
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from backends import sglang_facts as facts
 from backends.doctor import DraftFiles, finding, read_draft
-from backends.protocol import Finding
+from backends.protocol import Finding, Severity
 
 if TYPE_CHECKING:
     import torch
 
-# Import, process-group setup and building the class, before any tensor is read.
+# Import, runtime setup and building the class, before any tensor is read: about 7 s in the CPU tier (2 cores),
+# most of it SGLang's import; more on a first run or a busy host.
 STARTUP_S = 25.0
 READ_BYTES_PER_S = 400e6
-
-
-def sglang_importable() -> bool:
-    """Whether this interpreter can import sglang (found without importing it)."""
-    return importlib.util.find_spec("sglang") is not None
+TIMEOUT_S = 600.0
+# The folder that holds `backends`: the child imports our package from there, whatever the serve's PYTHONPATH.
+PACKAGE_ROOT = Path(__file__).resolve().parent.parent
 
 
 def estimate_seconds(draft: Path) -> float:
@@ -47,28 +56,57 @@ def estimate_seconds(draft: Path) -> float:
     return STARTUP_S + size / READ_BYTES_PER_S
 
 
-def dry_load(draft: Path, *, timeout_s: float = 600.0) -> list[Finding]:
-    """Findings of the dry-load (in a child process), or why it did not run."""
-    if not sglang_importable():
-        return [
-            finding(
-                "dry-load-skipped",
-                "info",
-                "dry-load skipped: sglang not importable by this interpreter",
-                "run doctor --dry-load with the Python that serves SGLang for the exact check",
-            )
-        ]
-    argv = [sys.executable, "-m", "backends.dryload", str(draft)]
+def skipped(severity: Severity, why: str) -> Finding:
+    return finding(
+        "dry-load-skipped",
+        severity,
+        f"dry-load skipped: {why}",
+        "doctor's static rules stand alone; name the Python that serves SGLang (--sglang-python) for the exact check",
+    )
+
+
+def child_env(env: Mapping[str, str] | None) -> dict[str, str]:
+    """Our environment with the serve command's on top, and our package first on PYTHONPATH."""
+    merged = {**os.environ, **(env or {})}
+    merged["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PACKAGE_ROOT), merged.get("PYTHONPATH")]))
+    return merged
+
+
+def dry_load(
+    draft: Path,
+    *,
+    python: str | None = None,
+    env: Mapping[str, str] | None = None,
+    cwd: str | None = None,
+    timeout_s: float = TIMEOUT_S,
+) -> list[Finding]:
+    """Findings of the dry-load in `python` (default: this interpreter), or why it did not run."""
+    python = python or sys.executable
     try:
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s, check=False)
+        proc = subprocess.run(
+            [python, "-m", "backends.dryload", str(draft)],
+            env=child_env(env),
+            cwd=cwd,
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            check=False,
+        )
+    except OSError as exc:
+        return [skipped("warning", f"{python} could not be run: {exc.strerror or exc}")]
     except subprocess.TimeoutExpired:
-        return [finding("dry-load-skipped", "warning", f"dry-load skipped: it took longer than {timeout_s:.0f} s")]
+        return [skipped("warning", f"it took longer than {timeout_s:.0f} s in {python}")]
+    lines = proc.stdout.strip().splitlines()
     try:
-        found: list[Finding] = json.loads(proc.stdout.strip().splitlines()[-1])
+        found = json.loads(lines[-1])
     except (ValueError, IndexError):
-        tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
-        return [finding("dry-load-failed", "error", f"dry-load crashed (exit {proc.returncode}): {' | '.join(tail)}")]
-    return found
+        found = None
+    if not isinstance(found, list):
+        tail = (proc.stderr.strip() or proc.stdout.strip() or "no output").splitlines()[-1]
+        return [skipped("warning", f"it ended without a verdict in {python} (exit {proc.returncode}): {tail}")]
+    result: list[Finding] = found
+    return result
 
 
 @dataclass
@@ -104,7 +142,7 @@ def audit_load(model: Any, tensors: Iterable[tuple[str, torch.Tensor]]) -> LoadA
             audit.unconsumed.append(name)
         before, hot = after, new_hot
     for name, p in params.items():
-        left = int(torch.isnan(p.detach()).sum())
+        left = int(torch.isnan(p.detach()).count_nonzero())
         if left:
             audit.unwritten[name] = left / p.numel()
     return audit
@@ -118,12 +156,16 @@ def _probe(params: dict[str, torch.Tensor]) -> dict[str, int]:
     counts = {}
     for name, p in params.items():
         view = p.detach() if p.dim() < 2 else p.detach().flatten(1)[:, 0]
-        counts[name] = int(torch.isnan(view).sum())
+        counts[name] = int(torch.isnan(view).count_nonzero())
     return counts
 
 
 def findings_of(audit: LoadAudit, files: DraftFiles, config: Any, version: str | None) -> list[Finding]:
-    """Turn an audit into findings; parameters SGLang takes from the target later are info."""
+    """Turn an audit into findings; parameters SGLang takes from the target later are info.
+
+    A tensor the loader ignores is a warning (SGLang skips it without a word, which is harmless
+    while every parameter is written); a parameter left unwritten is the error.
+    """
     release = f"SGLang {version or '(installed)'}"
     found: list[Finding] = []
     for name, error in audit.errors.items():
@@ -139,33 +181,39 @@ def findings_of(audit: LoadAudit, files: DraftFiles, config: Any, version: str |
         found.append(
             finding(
                 "dry-load-unconsumed",
-                "error",
-                f"{release}'s loader did not consume {len(audit.unconsumed)} tensor(s): {', '.join(audit.unconsumed)}",
-                f"rename them to the names this SGLang loads (eagle3-console HOST convert {files.root} DST), "
-                "or upgrade SGLang",
+                "warning",
+                f"{release}'s loader ignored {len(audit.unconsumed)} tensor(s) without a word: "
+                f"{', '.join(audit.unconsumed)}",
+                "if one holds a draft parameter, rename it to the name this SGLang loads "
+                f"(eagle3-console HOST convert {files.root} DST) or upgrade SGLang; otherwise it is harmless",
             )
         )
     hidden = getattr(config, "hidden_size", None)
     from_target = {"model.embed_tokens.weight"} if getattr(config, "target_hidden_size", hidden) == hidden else set()
     if getattr(config, "draft_vocab_size", 0) is None:
         from_target.add("lm_head.weight")
-    later = sorted(n for n in audit.unwritten if n in from_target)
+    later = ", ".join(sorted(n for n in audit.unwritten if n in from_target))
     unwritten = {n: f for n, f in audit.unwritten.items() if n not in from_target}
-    if later:
-        found.append(finding("dry-load-unwritten", "info", f"taken from the target at startup: {', '.join(later)}"))
     if unwritten:
         listed = ", ".join(f"{n} ({f:.0%})" for n, f in sorted(unwritten.items()))
+        hint = (
+            f" (the ignored {', '.join(audit.unconsumed)} may hold them under another name)" if audit.unconsumed else ""
+        )
         found.append(
             finding(
                 "dry-load-unwritten",
                 "error",
                 f"{release}'s loader left {len(unwritten)} parameter(s) unwritten (never initialised): {listed}",
-                "add the missing tensors to the checkpoint; SGLang serves whatever memory held",
+                f"add the missing tensors to the checkpoint{hint}; SGLang serves whatever memory held",
             )
         )
     if not found:
         clean = f"{release}'s loader consumed every tensor and wrote every parameter"
-        found.append(finding("dry-load-unwritten", "info", clean))
+        found.append(
+            finding("dry-load-unwritten", "info", clean + (f" but {later} (taken from the target)" if later else ""))
+        )
+    elif later:
+        found.append(finding("dry-load-unwritten", "info", f"taken from the target at startup: {later}"))
     return found
 
 
@@ -188,55 +236,112 @@ def _iter_tensors(files: DraftFiles) -> Iterator[tuple[str, torch.Tensor]]:
                 yield name, fh.get_tensor(name)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
+def _draft_class(architectures: list[str] | None) -> Any:
+    """The class SGLang builds for the draft: its own module for a known draft, else the model registry's answer."""
+    name = (architectures or [""])[0]
+    module_name = facts.DRAFT_CLASS_MODULES.get(name)
+    if module_name is not None:
+        try:
+            return getattr(importlib.import_module(module_name), name)
+        except ModuleNotFoundError as exc:
+            if exc.name != module_name:
+                raise  # the module is there; a module it needs is not
+    registry = importlib.import_module("sglang.srt.models.registry")
+    cls, _ = registry.ModelRegistry.resolve_model_cls(architectures)
+    return cls
 
 
-def _start_sglang_on_cpu(model_path: str) -> None:
-    """Publish a CPU ServerArgs and a one-process gloo group, as a scheduler would."""
-    import inspect
+def _build(cls: Any, config: Any) -> Any:
+    """The draft class built on CPU for `config`. On a machine SGLang cannot serve from (no CUDA: CI, a laptop),
+    a layer may import a kernel module only a forward would call; that module is stood in for while it is built."""
+    try:
+        with _on_cpu_in_dtype_of(config):
+            return cls(config, quant_config=None)
+    except ModuleNotFoundError as exc:
+        kernels = next((k for k in facts.CONSTRUCTION_ONLY_KERNELS if exc.name in (k, k.partition(".")[0])), None)
+        if kernels is None:
+            raise
+        with _stand_in(kernels), _on_cpu_in_dtype_of(config):
+            return cls(config, quant_config=None)
 
-    # import_module: sglang is optional, and mypy must not need it.
-    parallel_state = importlib.import_module("sglang.srt.distributed.parallel_state")
-    server_args = importlib.import_module("sglang.srt.server_args")
-    server_args.set_global_server_args_for_scheduler(server_args.ServerArgs(model_path=model_path, device="cpu"))
-    parallel_state.init_distributed_environment(
-        world_size=1,
-        rank=0,
-        local_rank=0,
-        distributed_init_method=f"tcp://127.0.0.1:{_free_port()}",
-        backend="gloo",
-    )
-    # 0.5.5 takes the sizes as arguments; later releases read them from the published args.
-    if "tensor_model_parallel_size" in inspect.signature(parallel_state.initialize_model_parallel).parameters:
-        parallel_state.initialize_model_parallel(tensor_model_parallel_size=1)
-    else:
-        parallel_state.initialize_model_parallel()
+
+@contextlib.contextmanager
+def _on_cpu_in_dtype_of(config: Any) -> Iterator[None]:
+    """New tensors on CPU, in the config's floating dtype as SGLang's loader builds a model (half the memory of
+    float32 for a bf16 draft)."""
+    import torch
+
+    dtype = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
+    default = torch.get_default_dtype()
+    if isinstance(dtype, torch.dtype) and dtype.is_floating_point:
+        torch.set_default_dtype(dtype)
+    try:
+        with torch.device("cpu"):
+            yield
+    finally:
+        torch.set_default_dtype(default)
+
+
+@contextlib.contextmanager
+def _stand_in(module: str) -> Iterator[None]:
+    """`module` (and its package, if absent) in sys.modules while the body runs: any kernel taken from it raises
+    when called. Afterwards sys.modules is as it was."""
+    package = module.partition(".")[0]
+    saved = {name: sys.modules.get(name) for name in (package, module)}
+
+    def kernel(name: str) -> Any:
+        def not_here(*_args: Any, **_kwargs: Any) -> None:
+            raise RuntimeError(f"{module}.{name} stood in for by the dry-load, which runs no forward")
+
+        return not_here
+
+    stand_in = types.ModuleType(module)
+    stand_in.__getattr__ = kernel  # type: ignore[method-assign]
+    if saved[package] is None:
+        parent = types.ModuleType(package)
+        parent.__path__ = []
+        sys.modules[package] = parent
+    sys.modules[module] = stand_in
+    try:
+        yield
+    finally:
+        for name, was in saved.items():
+            if was is None:
+                sys.modules.pop(name, None)
+            else:
+                sys.modules[name] = was
 
 
 def run_in_process(draft: Path) -> list[Finding]:
+    if importlib.util.find_spec("sglang") is None:
+        return [skipped("info", f"sglang is not importable by {sys.executable}")]
     files, problems = read_draft(draft)
     if files is None:
         return problems
+    release = f"SGLang {facts.installed_version() or '(installed)'}"
     try:
-        import torch
         from transformers import AutoConfig
 
-        registry = importlib.import_module("sglang.srt.models.registry")
-
-        config = AutoConfig.from_pretrained(str(files.root))
-        _start_sglang_on_cpu(str(files.root))
-    except Exception as exc:  # an environment SGLang cannot start in is not a fault of the draft
-        return [finding("dry-load-skipped", "warning", f"dry-load could not start SGLang on CPU: {exc}")]
+        server_args = importlib.import_module("sglang.srt.server_args")
+        from backends import sglang_runtime
+    except ImportError as exc:
+        return [skipped("warning", f"{release} cannot be imported by {sys.executable}: {exc}")]
     try:
-        cls, _ = registry.ModelRegistry.resolve_model_cls(config.architectures)
-        with torch.device("cpu"):
-            model = cls(config, quant_config=None)
+        config = AutoConfig.from_pretrained(str(files.root))
     except Exception as exc:
-        msg = f"SGLang could not build the draft class for config.json: {type(exc).__name__}: {exc}"
+        msg = f"{release} (through transformers) cannot read config.json: {type(exc).__name__}: {exc}"
+        return [finding("dry-load-failed", "error", msg, "fix config.json (see doctor's other findings)")]
+    try:
+        args = server_args.ServerArgs(model_path=str(files.root), device="cpu")
+        sglang_runtime.start_one_rank(args, device="cpu")
+    except Exception as exc:  # an environment SGLang cannot start in is not a fault of the draft
+        return [skipped("warning", f"{release} could not set up its runtime on CPU: {type(exc).__name__}: {exc}")]
+    try:
+        model = _build(_draft_class(config.architectures), config)
+    except ImportError as exc:  # a kernel module this machine lacks, never the draft's doing
+        return [skipped("warning", f"{release} cannot build its layers on this machine: {exc}")]
+    except Exception as exc:
+        msg = f"{release} could not build the draft class for config.json: {type(exc).__name__}: {exc}"
         return [finding("dry-load-failed", "error", msg, "fix config.json (see doctor's other findings)")]
     return findings_of(audit_load(model, _iter_tensors(files)), files, config, facts.installed_version())
 

@@ -290,6 +290,7 @@ OPS: dict[str, _ArgSpec] = {
         "sglang_version": (_OPT_STR, False, None),
         "context_length": (_OPT_INT, False, None),
         "dry_load": (_BOOL, False, False),
+        "sglang_python": (_OPT_STR, False, None),
         "cwd": (_OPT_STR, False, None),
     },
     "relaunch_presets": {"run": (_STR, True, None)},

@@ -4,13 +4,15 @@ Read from the Python sources of SGLang 0.5.5 and 0.5.23 (llama_eagle3.py, the
 target models' `set_eagle3_layers_to_capture`, model_runner and model_config).
 When SGLang changes, this file changes; `doctor` and `dryload` hold the rules
 that use it. Nothing here imports sglang: the installed version is read from
-the package metadata.
+the package metadata, of this interpreter or, in a child, of a serve command's.
 """
 
 from __future__ import annotations
 
 import importlib.metadata
+import os
 import re
+import subprocess
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -278,12 +280,55 @@ def release_facts(version: str) -> ReleaseFacts:
 EXTRACT_RUNNER_VERSION = "0.5.23"
 
 
-def installed_version() -> str | None:
-    """The sglang version installed for this interpreter, without importing it."""
+# Where a release keeps what its model classes read at construction (see backends/sglang_runtime.py): 0.5.23
+# has both; 0.5.5 has neither (server_args.set_global_server_args_for_scheduler, groups built by ModelRunner).
+RUNTIME_CONTEXT_MODULE = "sglang.srt.runtime_context"
+PARALLEL_BOOTSTRAP_MODULE = "sglang.srt.distributed.bootstrap"
+# The module of each EAGLE-3 draft class, imported alone (SGLang's model registry imports every model: seconds).
+DRAFT_CLASS_MODULES: Mapping[str, str] = {
+    LLAMA_DRAFT: "sglang.srt.models.llama_eagle3",
+    MLA_DRAFT: "sglang.srt.models.kimi_k25_eagle3",
+}
+
+# A kernel module a layer imports while it is built, on a machine SGLang cannot serve from (no CUDA, no CPU engine):
+# 0.5.23's rotary embedding takes its fallback kernel from vllm there. Only a forward would call it.
+CONSTRUCTION_ONLY_KERNELS = ("vllm._custom_ops",)
+
+VERSION_PROBE_TIMEOUT_S = 30.0
+_VERSION_PROBE = """
+import importlib.metadata as metadata
+try:
+    print(metadata.version("sglang"))
+except metadata.PackageNotFoundError:
+    pass
+"""
+
+
+def installed_version(
+    python: str | None = None, env: Mapping[str, str] | None = None, cwd: str | None = None
+) -> str | None:
+    """The sglang version installed for this interpreter, or for `python` (run with `env` added to ours, in
+    `cwd`, as a serve command runs), read from the package metadata without importing sglang."""
+    if python is None:
+        try:
+            return importlib.metadata.version("sglang")
+        except importlib.metadata.PackageNotFoundError:
+            return None
     try:
-        return importlib.metadata.version("sglang")
-    except importlib.metadata.PackageNotFoundError:
+        done = subprocess.run(
+            [python, "-c", _VERSION_PROBE],
+            env={**os.environ, **(env or {})},
+            cwd=cwd,
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=VERSION_PROBE_TIMEOUT_S,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired):
         return None
+    lines = done.stdout.split()
+    return lines[-1] if done.returncode == 0 and lines else None
 
 
 def derived_context_length(config: Mapping[str, Any]) -> int:

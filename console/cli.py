@@ -200,6 +200,11 @@ def build_parser() -> Parser:
     p.add_argument("--sglang-version", help="the SGLang release that will serve (default: the host's)")
     p.add_argument("--context-length", type=int, help="the --context-length the server will get")
     p.add_argument("--dry-load", action="store_true", help="also feed the draft to the host SGLang's own loader")
+    p.add_argument(
+        "--sglang-python",
+        metavar="PATH",
+        help="the host's Python that serves SGLang: its version and its loader (default: the agent's)",
+    )
     p.add_argument("--json", action="store_true")
 
     p = sub.add_parser("convert", help="convert a speculators or original-EAGLE draft to the SGLang layout")
@@ -614,6 +619,7 @@ async def cmd_doctor(client: AgentClient, ns: argparse.Namespace, _: list[str]) 
         sglang_version=ns.sglang_version,
         context_length=ns.context_length,
         dry_load=ns.dry_load,
+        sglang_python=ns.sglang_python,
         cwd=os.getcwd(),
     )
     dump(result) if ns.json else out(format_result(result))

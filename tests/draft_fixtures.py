@@ -145,6 +145,13 @@ def good_draft(folder: Path, **changes: Any) -> Path:
     return replace(DraftSpec(), **changes).write(folder)
 
 
+def corrupt_header(draft: Path) -> Path:
+    """Cut the draft's model.safetensors inside its header (as an interrupted copy leaves it)."""
+    weights = draft / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:40])
+    return draft
+
+
 def speculators_config(spec: DraftSpec) -> dict[str, Any]:
     """config.json as speculators writes it: layer config nested, ids counted as layer inputs."""
     return {

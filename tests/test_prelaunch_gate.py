@@ -105,3 +105,33 @@ async def test_the_console_can_ask_for_the_verdict_before_launching(client: Agen
     with pytest.raises(AgentError) as err:
         await client.request("launch", kind="serve", argv=serve_argv(draft, target))
     assert err.value.code == "doctor_refused" and err.value.details["errors"] >= 1
+
+
+def test_a_good_serve_launch_with_sglang_in_its_python_is_checked_there_and_not_refused(
+    cli: CLI, tmp_path: Path, sglang_python: Path
+) -> None:
+    """The gate asks the serve command's own interpreter (the real SGLang 0.5.23 tier, not the agent's Python):
+    its version for doctor's rules, and its loader for the dry-load. The server then fails on this CPU machine."""
+    target, draft = write_target(tmp_path / "target"), good_draft(tmp_path / "draft")
+    argv = [
+        str(sglang_python), "-m", "sglang.launch_server", "--model-path", str(target),
+        "--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", str(draft),
+    ]  # fmt: skip
+    result = cli("launch", "serve", "--json", "--", *argv, timeout=180)
+    assert result.returncode == 0, result.stderr
+    reply = json.loads(result.stdout)
+    doctor = reply["doctor"]
+    assert doctor["errors"] == 0 and doctor["sglang_versions"] == ["0.5.23"]
+    codes = {f["code"]: f["message"] for f in doctor["findings"]}
+    assert codes["sglang-version"] == f"checked against SGLang 0.5.23 (the sglang of {sglang_python})"
+    assert codes["dry-load-unwritten"].startswith("SGLang 0.5.23's loader consumed every tensor")
+    cli("kill", reply["run"], "--grace", "1")
+
+
+def test_doctor_command_over_the_agent_names_the_serving_python(cli: CLI, tmp_path: Path, sglang_python: Path) -> None:
+    draft = good_draft(tmp_path / "draft")
+    checked = cli("doctor", str(draft), "--dry-load", "--sglang-python", str(sglang_python), "--json", timeout=180)
+    assert checked.returncode == 0, checked.stderr
+    result = json.loads(checked.stdout)
+    assert result["sglang_versions"] == ["0.5.23"]
+    assert any(f["message"].startswith("SGLang 0.5.23's loader consumed every tensor") for f in result["findings"])

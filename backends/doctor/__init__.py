@@ -10,7 +10,7 @@ fix. It never raises for any file content. The SGLang knowledge it applies
 lives in `sglang_facts`; `dryload` is the exact check with the real loader.
 
     python -m backends.doctor DRAFT [--target DIR] [--data DIR] [--sglang-version V]
-                             [--context-length N] [--json] [--dry-load]
+                             [--context-length N] [--json] [--dry-load] [--sglang-python PATH]
 
 Modules: `codes` (the finding codes), `reading` (the draft, target and manifest
 files), `layer_names` and `config_values` (spellings and typed values of what

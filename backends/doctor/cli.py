@@ -30,10 +30,15 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("draft", type=Path)
     p.add_argument("--target", type=Path, help="the target model folder (config.json, safetensors)")
     p.add_argument("--data", type=Path, help="the extraction folder the draft was trained from")
-    p.add_argument("--sglang-version", help="the SGLang release that will serve (default: the installed one)")
+    p.add_argument("--sglang-version", help="the SGLang release that will serve (default: the serving Python's)")
     p.add_argument("--context-length", type=int, help="the --context-length the server will get")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
-    p.add_argument("--dry-load", action="store_true", help="also load the draft with the installed SGLang's loader")
+    p.add_argument("--dry-load", action="store_true", help="also load the draft with the serving SGLang's loader")
+    p.add_argument(
+        "--sglang-python",
+        metavar="PATH",
+        help="the Python that serves SGLang: its version and, with --dry-load, its loader (default: this one)",
+    )
     return p
 
 
@@ -51,6 +56,7 @@ def main(argv: list[str] | None = None) -> int:
         sglang_version=args.sglang_version,
         context_length=args.context_length,
         dry_load=args.dry_load,
+        sglang_python=args.sglang_python,
     )
     print(json.dumps(result, indent=2) if args.json else format_result(result))
     return 1 if result["errors"] else 0

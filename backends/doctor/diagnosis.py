@@ -12,7 +12,7 @@ from backends.doctor.layer_names import layer_spelling
 from backends.doctor.reading import read_data, read_draft, read_target
 from backends.doctor.rule_context import Context
 from backends.doctor.rules import release_rules, version_independent_rules
-from backends.doctor.versions import merge_per_release, versions_to_check
+from backends.doctor.versions import Installed, merge_per_release, versions_to_check
 from backends.protocol import DoctorResult, Finding
 
 
@@ -23,9 +23,11 @@ def diagnose(
     data: Path | None = None,
     sglang_version: str | None = None,
     context_length: int | None = None,
+    installed: Installed | None = None,
 ) -> DoctorResult:
-    """Every finding about `draft` (and its target and extraction data) for the SGLang release(s) that serve it."""
-    versions, findings = versions_to_check(sglang_version)
+    """Every finding about `draft` (and its target and extraction data) for the SGLang release(s) that serve it:
+    `sglang_version`'s, else that of the `installed` sglang (default: this interpreter's)."""
+    versions, findings = versions_to_check(sglang_version, installed)
     fmt = "unknown"
     try:
         fmt = _diagnose(draft, target, data, versions, context_length, findings)

@@ -3,21 +3,36 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 from backends import sglang_facts as facts
 from backends.doctor.codes import finding
 from backends.protocol import Finding
 
 
-def versions_to_check(requested: str | None) -> tuple[list[str], list[Finding]]:
+@dataclass(frozen=True)
+class Installed:
+    """The sglang version (None: no sglang) of the interpreter that will serve; python None: this one."""
+
+    version: str | None
+    python: str | None = None
+
+    def source(self) -> str:
+        return "the installed sglang" if self.python is None else f"the sglang of {self.python}"
+
+
+def versions_to_check(requested: str | None, installed: Installed | None = None) -> tuple[list[str], list[Finding]]:
+    """The releases whose rules apply: --sglang-version's, else the serving interpreter's, else every known one."""
     source = "--sglang-version"
     if requested is None:
-        requested = facts.installed_version()
-        source = "the installed sglang"
+        installed = installed or Installed(facts.installed_version())
+        requested, source = installed.version, installed.source()
     if requested is None:
         versions = list(facts.KNOWN_VERSIONS)
-        msg = f"no --sglang-version and no sglang installed here: checked against {', '.join(versions)}"
-        fix = "pass --sglang-version, or run doctor on the host that serves"
+        where, fix = "installed here", "pass --sglang-version, or run doctor on the host that serves"
+        if installed is not None and installed.python is not None:
+            where, fix = f"for {installed.python}", "pass --sglang-version, or name the Python that serves SGLang"
+        msg = f"no --sglang-version and no sglang {where}: checked against {', '.join(versions)}"
         return versions, [finding("sglang-version", "info", msg, fix)]
     nearest = facts.nearest_known(requested)
     if nearest is None:

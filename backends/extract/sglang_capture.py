@@ -15,22 +15,19 @@ a release without it is refused with a one-line message.
 
 from __future__ import annotations
 
-import atexit
 import importlib
 import importlib.metadata
 import itertools
 import json
 import os
 import re
-import shutil
-import tempfile
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-from backends import sglang_facts
+from backends import sglang_facts, sglang_runtime
 from backends.extract.capture import Captured, to_host
 
 if TYPE_CHECKING:
@@ -38,8 +35,6 @@ if TYPE_CHECKING:
 
 # Set before SGLang is imported: its CPU engine (and the sgl_kernel CPU build it needs) is opt-in.
 CPU_ENGINE_ENV = "SGLANG_USE_CPU_ENGINE"
-# SGLang's rendezvous for its process group; a file instead of a TCP port on the host.
-INIT_METHOD_ENV = "SGLANG_DISTRIBUTED_INIT_METHOD_OVERRIDE"
 RUNNER_MODULE = "sglang.benchmark.one_batch"
 # SGLang's compiled kernels: the module, and the packages that provide it (0.5.23 pins sglang-kernel).
 KERNEL_MODULE = "sgl_kernel"
@@ -127,7 +122,6 @@ class SGLangModules:
 
     one_batch: ModuleType
     engine: ModuleType
-    runtime: ModuleType
     server: ModuleType
 
 
@@ -144,7 +138,6 @@ def import_runner(device: str) -> SGLangModules:
             return SGLangModules(
                 one_batch=importlib.import_module(RUNNER_MODULE),
                 engine=importlib.import_module("sglang.srt.entrypoints.engine"),
-                runtime=importlib.import_module("sglang.srt.runtime_context"),
                 server=importlib.import_module("sglang.srt.server_args"),
             )
     except ImportError as exc:
@@ -197,9 +190,7 @@ def load(
     path: Path, sglang: SGLangModules, device: str, dtype: str, aux_ids: list[int], batch_tokens: int, max_length: int
 ) -> SGLangCapturer:
     """The target loaded by SGLang on `device` with a KV pool sized for one batch of `batch_tokens`."""
-    folder = tempfile.mkdtemp(prefix="eagle3-sglang-")
-    atexit.register(shutil.rmtree, folder, ignore_errors=True)
-    os.environ.setdefault(INIT_METHOD_ENV, f"file://{folder}/rendezvous")
+    sglang_runtime.rendezvous_without_a_port()
     gpu_id = int(device.partition(":")[2] or 0) if device.startswith("cuda") else 0
     max_requests = min(batch_tokens, 4096)
     server_args = sglang.server.ServerArgs(
@@ -218,7 +209,7 @@ def load(
     server_args.resolve_once()
     sglang.engine._set_envs_and_config(server_args)
     port_args = sglang.server.PortArgs.init_new(server_args)
-    sglang.runtime.publish(server_args, role="scheduler", ranks=sglang.runtime.SpawnRanks(world_rank=0, gpu_id=gpu_id))
+    sglang_runtime.publish_one_rank(server_args, gpu_id=gpu_id)
     sglang.one_batch._init_process_global_configs()
     bench_runner, _tokenizer = sglang.one_batch.load_model(server_args, port_args, gpu_id, 0)
     runner = bench_runner.torch_runner
