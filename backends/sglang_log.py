@@ -78,7 +78,12 @@ FAILURES: tuple[Failure, ...] = (
     ),
     Failure(
         "scheduler-died",
-        re.compile(r"Rank \d+ scheduler (?:is dead|died during initialization)|Subprocess \S+ \(pid=\d+\) crashed"),
+        # Not a child ended by SIGTERM or SIGINT (-15, -2): that is the whole server being stopped (0.5.23 says
+        # "crashed with exit code -15" of a scheduler stopped with it, as `kill` does).
+        re.compile(
+            r"Rank \d+ scheduler (?:is dead|died during initialization \(exit code: (?!-15\b|-2\b))"
+            r"|Subprocess \S+ \(pid=\d+\) crashed with exit code (?!-15\b|-2\b)"
+        ),
         ("scheduler is dead", "scheduler died during initialization", "Subprocess "),
         "a scheduler process died",
         "its own error is earlier in the log; exit code -9 usually means the OS OOM killer (host memory)",
@@ -122,6 +127,16 @@ FAILURES: tuple[Failure, ...] = (
         "check CUDA_VISIBLE_DEVICES (the run's --gpus), the driver (nvidia-smi on the host), and that the "
         "serve command's interpreter has a CUDA build of torch (python -c 'import torch; "
         "print(torch.cuda.is_available())')",
+    ),
+    Failure(
+        "triton-no-driver",
+        # Triton's driver lookup. On CPU, 0.5.23 reaches it with any speculative algorithm: the KV pool warms up
+        # its copy kernel (a Triton kernel) once the target and draft weights are loaded.
+        re.compile(r"\d+ active drivers \(\[.*\]\)\. There should only be one"),
+        ("active drivers",),
+        "Triton found no GPU driver, so one of SGLang's Triton kernels could not run",
+        "on a GPU host, the serve command's environment cannot see the CUDA driver (nvidia-smi, libcuda.so in a "
+        "container); without a GPU, SGLang 0.5.23 cannot serve speculative decoding: serve the target alone",
     ),
     Failure(
         "warmup-failed",
@@ -241,6 +256,9 @@ class OutputReader:
     progress: str | None = None  # "29/64" from the phase's last progress bar
     target_loaded: bool = False  # a `Load weight end` named a class that is not a draft
     draft: bool = False  # the draft worker's steps have begun (0.5.5 repeats init and loading for it)
+    # The target's KV cache is allocated (`Memory pool end`, or graphs captured): 0.5.23 loads the draft's
+    # weights before it, so a memory pool after the draft's weights is the target's until then.
+    target_pool: bool = False
     seen: set[str] = field(default_factory=set)
     # The lines that end a crash, newest last: each traceback's exception line, a shell's report of a signal.
     crash_lines: deque[str] = field(default_factory=lambda: deque(maxlen=16))
@@ -256,6 +274,11 @@ class OutputReader:
         for text in _LINE_END.split(buffer[:end].decode("utf-8", errors="replace")):
             if self._traceback is not None or any(word in text for word in _KEYWORDS):
                 events += self.line(text[:MAX_LINE])
+        # SGLang's bars lead each state with a carriage return (`\r... 4/8 [...]`): the newest state waits
+        # unended until the next one, so a load that hangs shows where it hangs only from here.
+        tail = self._partial.decode("utf-8", errors="replace")
+        if any(word in tail for word in PROGRESS_WORDS) and (bar := _PROGRESS.search(tail)) is not None:
+            self.progress = f"{bar.group(1)}/{bar.group(2)}"
         return events
 
     def line(self, text: str) -> list[Event]:
@@ -299,7 +322,8 @@ class OutputReader:
             self.crash_lines.append(report.group(1))
 
     def _named(self, phase: str, message: str) -> str:
-        """The phase, told apart for the draft: init and loading after the target's weights are the draft's."""
+        """The phase, told apart for the draft: init and loading after the target's weights are the draft's, and
+        so is a memory pool once the target's is done (0.5.5); before that it is the target's (0.5.23)."""
         if phase == "memory-pool" and "type=" in message:
             if _DRAFT_TYPE.search(message):
                 self.draft = True
@@ -307,7 +331,10 @@ class OutputReader:
                 self.target_loaded = True
         if phase in ("init", "load-weights") and self.target_loaded:
             self.draft = True
-        return f"draft-{phase}" if self.draft and phase in ("init", "load-weights", "memory-pool") else phase
+        own = self.draft and (phase != "memory-pool" or self.target_pool)
+        if phase == "cuda-graph" or message.startswith("Memory pool end"):
+            self.target_pool = True
+        return f"draft-{phase}" if own and phase in ("init", "load-weights", "memory-pool") else phase
 
     def where(self) -> str | None:
         """The phase and its progress, for a person: `load-weights (29/64)`."""

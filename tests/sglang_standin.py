@@ -1,13 +1,19 @@
 """A stand-in for SGLang's server (`python -m tests.sglang_standin [--port P] [--hang-in PHASE | --fail-in PHASE]`;
 `tests/fake_sglang` puts it under `python -m sglang.launch_server` too).
 
-It replays SGLang 0.5.23's startup output as `sglang.md` records it (scheduler
-lines with a timestamp prefix, tqdm bars ended by carriage returns, target then
-draft), starts a scheduler subprocess as SGLang does, and serves /health on
-127.0.0.1 only once the CUDA graphs are "captured": 503 during warmup, 200 when
-ready (connection refused before). `--hang-in` stops in that phase with both
-processes asleep, as a hung launch does; `--fail-in cuda-graph` prints SGLang's
-capture failure and exits 1.
+It replays SGLang 0.5.23's startup output (scheduler lines with a timestamp
+prefix, progress bars ended by carriage returns, target then draft), starts a
+scheduler subprocess as SGLang does, and serves /health on 127.0.0.1 only once
+the CUDA graphs are "captured": 503 during warmup, 200 when ready (connection
+refused before). `--hang-in` stops in that phase with both processes asleep, as
+a hung launch does; `--fail-in cuda-graph` prints SGLang's capture failure and
+exits 1.
+
+Each line says where it comes from. REAL: printed by the real 0.5.23 on CPU
+(tests/sglang_output/serve_cpu_0.5.23.log, serve_eagle3_cpu_0.5.23.log), figures
+(memory, times, shard counts) aside. RECONSTRUCTED: GPU-only output that cannot
+run here (CUDA graph capture, `accept len` in decode lines), written from
+SGLang's source and sglang.md.
 """
 
 from __future__ import annotations
@@ -28,9 +34,10 @@ def say(message: str) -> None:
     sys.stdout.flush()
 
 
-def bar(label: str, done: int, total: int, end: str = "\r") -> None:
+def bar(label: str, done: int, total: int) -> None:
+    """REAL format: SGLang's bar, each state led by a carriage return, the line ended once it is full."""
     percent = 100 * done // total
-    sys.stdout.write(f"{label}: {percent:3d}% Completed | {done}/{total} [00:0{done}<00:0{total - done}, 1.5it/s]{end}")
+    sys.stdout.write(f"\r{label}: {percent:3d}% Completed | {done}/{total} [00:0{done}<00:0{total - done}, 1.5it/s]")
     sys.stdout.flush()
 
 
@@ -59,18 +66,20 @@ class Health(http.server.BaseHTTPRequestHandler):
 
 
 def load_weights(model: str, shards: int, hang: bool) -> None:
-    say("Load weight begin. avail mem=139.52 GB")
+    say("Memory baseline taken. mem usage=0.00 GB")  # REAL
+    say("Load weight begin. avail mem=139.52 GB")  # REAL
+    bar("Multi-thread loading shards", 0, shards)  # REAL
     for done in range(1, shards + 1):
-        bar("Loading safetensors checkpoint shards", done, shards)
+        bar("Multi-thread loading shards", done, shards)
         if hang and done == shards // 2:
             hang_forever()
         time.sleep(0.05)
     sys.stdout.write("\n")
-    memory = "avail mem=124.31 GB, mem usage=15.21 GB."
-    say(f"Load weight end. elapsed=0.42 s, type={model}, dtype=torch.bfloat16, {memory}")
+    say(f"Load weight end. elapsed=0.42 s, type={model}, avail mem=124.31 GB, mem usage=15.21 GB.")  # REAL
 
 
 def capture_cuda_graphs(fail: bool, hang: bool) -> None:
+    """RECONSTRUCTED, all of it: CUDA graphs are captured on GPUs only."""
     say("Capture target verify CUDA graph begin. This can take up to several minutes. avail mem=20.05 GB")
     if fail:
         say(
@@ -104,32 +113,41 @@ def main() -> int:
     hang = args.hang_in
     worker = multiprocessing.get_context("spawn").Process(target=scheduler, daemon=True)
     worker.start()
-    say("Init parallel begin.")
+    say("Failed to import from vllm._C: ModuleNotFoundError(\"No module named 'vllm._C'\")")  # REAL, harmless
+    say("Init parallel begin.")  # REAL
     if hang == "init":
         hang_forever()
     time.sleep(2)  # distributed init takes seconds: the health URL is polled (refused) meanwhile
-    say("Init parallel ends. elapsed=2.00 s")
+    say("Init parallel ends. elapsed=2.00 s")  # REAL
+    say("Cannot detect CUDA architecture.")  # REAL, harmless
+    say("Ignore import error when loading sglang.srt.models.midashenglm: No module named 'torchaudio'")  # REAL
     load_weights("LlamaForCausalLM", 8, hang == "load-weights")
+    # REAL order: 0.5.23 loads the draft's weights before it allocates the target's KV cache.
     load_weights("LlamaForCausalLMEagle3", 2, hang == "draft-load-weights")
-    say("KV Cache is allocated. #tokens: 500000, K size: 30.52 GB, V size: 30.52 GB")
-    say("Memory pool end. avail mem=20.05 GB")
+    say("KV Cache is allocated. dtype: torch.bfloat16, #tokens: 500000, K size: 30.52 GB, V size: 30.52 GB")  # REAL
+    say("Memory pool end. avail mem=20.05 GB")  # REAL
     capture_cuda_graphs(args.fail_in == "cuda-graph", hang == "cuda-graph")
-    say("max_total_num_tokens=500000, chunked_prefill_size=8192, max_prefill_tokens=16384, max_running_requests=48")
+    say(  # REAL (available_cpu_mem on CPU)
+        "max_total_num_tokens=500000, chunked_prefill_size=8192, max_prefill_tokens=16384, max_running_requests=48, "
+        "context_len=131072, available_gpu_mem=20.05 GB"
+    )
     server = http.server.ThreadingHTTPServer(("127.0.0.1", args.port), Health)
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    say(f"INFO:     Uvicorn running on http://127.0.0.1:{args.port} (Press CTRL+C to quit)")
-    say(
-        "Prefill batch, #new-seq: 1, #new-token: 6, #cached-token: 0, token usage: 0.00, #running-req: 0, #queue-req: 0"
+    say("INFO:     Application startup complete.")  # REAL
+    say(f"INFO:     Uvicorn running on http://127.0.0.1:{args.port} (Press CTRL+C to quit)")  # REAL
+    say(  # REAL (cpu graph on CPU): SGLang's own warmup request
+        "Prefill batch, #new-seq: 1, #new-token: 14, #cached-token: 0, token usage: 0.00, #running-req: 0, "
+        "#queue-req: 0, #pending-token: 0, cuda graph: False, input throughput (token/s): 13.09"
     )
     if hang == "warmup":
         hang_forever()
     Health.ready = True
-    say("The server is fired up and ready to roll!")
+    say("The server is fired up and ready to roll!")  # REAL
     for i in range(args.decode_lines):
-        say(
+        say(  # RECONSTRUCTED: 0.5.23's metrics_reporter with speculative decoding (the rest of the line is REAL)
             f"Decode batch, #running-req: {i + 1}, #token: {900 + i}, token usage: 0.01, "
-            f"accept len: {2.5 + i / 10:.2f}, cuda graph: True, "
-            f"gen throughput (token/s): {400.0 + 10 * i:.2f}, #queue-req: 0, "
+            f"accept len: {2.5 + i / 10:.2f}, accept rate: 0.50, cuda graph: True, "
+            f"gen throughput (token/s): {400.0 + 10 * i:.2f}, #queue-req: 0"
         )
         time.sleep(0.1)
     hang_forever()

@@ -42,8 +42,9 @@ Loading safetensors checkpoint shards: 100% Completed | 2/2 [00:02<00:00, 1.5it/
 [2026-11-29 07:00:08] INFO:     Uvicorn running on http://127.0.0.1:30000 (Press CTRL+C to quit)
 [2026-11-29 07:00:09] The server is fired up and ready to roll!
 """
+# 0.5.23 allocates the target's KV cache after loading the draft (tests/sglang_output).
 PHASES_0_5_23 = [
-    "init", "load-weights", "memory-pool", "draft-load-weights", "draft-memory-pool", "cuda-graph",
+    "init", "load-weights", "memory-pool", "draft-load-weights", "memory-pool", "cuda-graph",
     "draft-cuda-graph", "http", "ready",
 ]  # fmt: skip
 
