@@ -5,6 +5,7 @@ it never imports `console`.
 """
 
 import sys
+from pathlib import Path
 
 __version__ = "0.1.0"
 
@@ -16,3 +17,7 @@ if sys.version_info < (3, 10):  # noqa: UP036 (the point: the package itself req
         "name another with --remote-python PATH\n"
     )
     sys.exit(3)
+
+# The folder that holds this package: a child of ours started with `-m backends...` in another
+# interpreter or folder finds it on PYTHONPATH or as its cwd.
+PACKAGE_ROOT = Path(__file__).resolve().parent.parent

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from backends import PACKAGE_ROOT
 from backends import sglang_facts as facts
 from backends.doctor import DraftFiles, finding, read_draft
 from backends.protocol import Finding, Severity
@@ -46,7 +47,6 @@ STARTUP_S = 25.0
 READ_BYTES_PER_S = 400e6
 TIMEOUT_S = 600.0
 # The folder that holds `backends`: the child imports our package from there, whatever the serve's PYTHONPATH.
-PACKAGE_ROOT = Path(__file__).resolve().parent.parent
 
 
 def estimate_seconds(draft: Path) -> float:

@@ -18,13 +18,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from backends import diskspace, preflight, procinfo, watch
+from backends import PACKAGE_ROOT, diskspace, preflight, procinfo, watch
 from backends.argv_edit import ArgvEditError, edit_argv
 from backends.masking import mask_argv, mask_env
 from backends.protocol import SIGNAL_NAMES, KilledProcess, KillResult, PreflightResult, StacksResult
 from backends.runstore import STACKS, RunDir, RunSpec, RunStore, StoreError
 
-PACKAGE_ROOT = Path(__file__).resolve().parent.parent
 LAUNCH_CONFIRM_S = 5.0
 POLL_S = 0.05
 KILL_ESCALATION_WAIT_S = 5.0

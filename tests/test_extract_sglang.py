@@ -19,7 +19,16 @@ import torch
 from backends import sglang_facts
 from backends.eagle3_contract import read_manifest, read_shard
 from backends.extract.cli import main
+from backends.extract.sglang_capture import CPU_ENGINE_ENV
 from tests.conftest import REPO
+
+
+@pytest.fixture(autouse=True)
+def own_engine_choice(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The backend sets SGLang's CPU-engine switch in its own process; run in pytest's, it must not
+    reach the servers later tests start."""
+    monkeypatch.setenv(CPU_ENGINE_ENV, "")
+    monkeypatch.delenv(CPU_ENGINE_ENV)
 
 
 def extract(target: Path, out: Path, *extra: str) -> int:
