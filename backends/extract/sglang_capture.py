@@ -19,6 +19,7 @@ import importlib
 import importlib.metadata
 import itertools
 import json
+import logging
 import os
 import re
 import warnings
@@ -130,9 +131,11 @@ def import_runner(device: str) -> SGLangModules:
     when this SGLang cannot import it."""
     if device == "cpu":
         os.environ[CPU_ENGINE_ENV] = "1"
+    # SGLang warns on import about each quantization kernel the device lacks (AWQ, GGUF), and torch logs
+    # deprecations of its own when vllm's ops load: not ours to show.
+    logging.disable(logging.WARNING)
     try:
         with warnings.catch_warnings():
-            # SGLang warns on import about each quantization kernel the device lacks (AWQ, GGUF): not ours to show.
             warnings.simplefilter("ignore", UserWarning)
             # import_module: sglang is optional, and mypy must not need it.
             return SGLangModules(
@@ -142,6 +145,8 @@ def import_runner(device: str) -> SGLangModules:
             )
     except ImportError as exc:
         raise SGLangUnavailable(unavailable_message(exc, device)) from None
+    finally:
+        logging.disable(logging.NOTSET)
 
 
 def unavailable_message(exc: ImportError, device: str) -> str:
