@@ -83,16 +83,7 @@ def dry_load(
     """Findings of the dry-load in `python` (default: this interpreter), or why it did not run."""
     python = python or sys.executable
     try:
-        proc = subprocess.run(
-            [python, "-m", "backends.dryload", str(draft)],
-            env=child_env(env),
-            cwd=cwd,
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            text=True,
-            timeout=timeout_s,
-            check=False,
-        )
+        proc = facts.run_python(python, ["-m", "backends.dryload", str(draft)], child_env(env), cwd, timeout_s)
     except OSError as exc:
         return [skipped("warning", f"{python} could not be run: {exc.strerror or exc}")]
     except subprocess.TimeoutExpired:

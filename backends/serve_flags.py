@@ -162,15 +162,8 @@ def _verdict(
     if verdict is not None:
         return verdict
     try:
-        done = subprocess.run(
-            [python, "-c", _PARSE, *flags],
-            env={**os.environ, **(env or {})},
-            cwd=cwd,
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            text=True,
-            timeout=CHECK_TIMEOUT_S,
-            check=False,
+        done = sglang_facts.run_python(
+            python, ["-c", _PARSE, *flags], {**os.environ, **(env or {})}, cwd, CHECK_TIMEOUT_S
         )
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise _Unchecked(f"{python} could not run SGLang's parser ({exc})") from None

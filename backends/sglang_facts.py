@@ -315,16 +315,7 @@ def installed_version(
         except importlib.metadata.PackageNotFoundError:
             return None
     try:
-        done = subprocess.run(
-            [python, "-c", _VERSION_PROBE],
-            env={**os.environ, **(env or {})},
-            cwd=cwd,
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            text=True,
-            timeout=VERSION_PROBE_TIMEOUT_S,
-            check=False,
-        )
+        done = run_python(python, ["-c", _VERSION_PROBE], {**os.environ, **(env or {})}, cwd, VERSION_PROBE_TIMEOUT_S)
     except (OSError, subprocess.TimeoutExpired):
         return None
     lines = done.stdout.split()
@@ -449,3 +440,20 @@ def relaunch_presets(version: str | None) -> tuple[str, ...]:
     a preset of several flags is one string, space-separated."""
     renames = deprecated_flags(version)
     return tuple(" ".join(renames.get(preset, (preset,))) for preset in RELAUNCH_PRESETS)
+
+
+def run_python(
+    python: str, args: list[str], env: dict[str, str], cwd: str | os.PathLike[str] | None, timeout: float
+) -> subprocess.CompletedProcess[str]:
+    """`python ARGS` in the serving interpreter, as a serve command would run (`env` is its whole
+    environment), with no stdin and its output as text; OSError or TimeoutExpired as subprocess raises."""
+    return subprocess.run(
+        [python, *args],
+        env=env,
+        cwd=cwd,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
