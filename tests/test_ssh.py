@@ -301,7 +301,8 @@ async def test_the_console_asks_before_it_trusts_a_new_host_key(
     app = ConsoleApp(transport)
     transport.trust_new_key = app.trust_new_key
     async with app.run_test(size=(160, 50)) as pilot:
-        await until(pilot, lambda: isinstance(app.screen, ConfirmScreen), what="the question")
+        # The dialog takes its focus once mounted, a frame after it is the screen.
+        await until(pilot, lambda: isinstance(app.screen, ConfirmScreen) and app.focused, what="the question")
         assert fingerprint(sshd.host_public_key) in str(app.screen.query_one("#details").render())
         assert app.focused is not None and app.focused.id == "cancel"
         await pilot.press("y")

@@ -118,7 +118,8 @@ async def test_kill_asks_first_with_cancel_focused_and_kills_only_on_yes(workdir
     run_id = await launch(workdir, [sys.executable, "-c", SLEEPER])
     async with console_on(LocalTransport(workdir), run_id) as (app, pilot):
         await pilot.press("k")
-        await until(pilot, lambda: isinstance(app.screen, ConfirmScreen), what="the confirmation")
+        # The dialog takes its focus once mounted, a frame after it is the screen.
+        await until(pilot, lambda: isinstance(app.screen, ConfirmScreen) and app.focused, what="the confirmation")
         assert app.focused is not None and app.focused.id == "cancel"
         await pilot.press("enter")  # Enter on the focused Cancel: nothing happens
         await until(pilot, lambda: not isinstance(app.screen, ConfirmScreen), what="the dialog to close")
