@@ -228,15 +228,14 @@ class Reserved:
     def __init__(self, slot: Path) -> None:
         self.slot = slot
 
-    @classmethod
-    def make(cls, slot: Path) -> Reserved:
-        fd = open_private(slot, os.O_WRONLY | os.O_TRUNC)
+    def make(self) -> None:
+        """Take the room now: the slot written out in full."""
+        fd = open_private(self.slot, os.O_WRONLY | os.O_TRUNC)
         try:
-            os.write(fd, b" " * cls.SIZE)
+            os.write(fd, b" " * self.SIZE)
             os.fsync(fd)
         finally:
             os.close(fd)
-        return cls(slot)
 
     def commit(self, path: Path, obj: object) -> None:
         """Write `obj` as `path` through the slot; OSError when that cannot be done (no slot left)."""
@@ -665,7 +664,7 @@ class RunStore:
             for name in (OUTPUT, EVENTS, METRICS, SUPERVISOR_LOG):
                 os.close(open_private(path / name, os.O_WRONLY))
             for name in RESERVED:
-                Reserved.make(path / f".{name}.reserved")
+                RunDir(path).reserved(name).make()
         except OSError as exc:
             if path is not None:
                 shutil.rmtree(path, ignore_errors=True)  # no half-made run left behind
