@@ -11,6 +11,7 @@ DEMO_TRAIN_ARGS ?= --steps 400 --batch-size 8 --lr 3e-3 --log-every 20 --eval-ev
 
 # The SSH tests run a real OpenSSH server on 127.0.0.1 (Debian's openssh-server).
 SSHD := /usr/sbin/sshd
+TMUX := /usr/bin/tmux
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 # SGLang's argument parser for the serve-flag tests: sglang without its runtime dependencies, kept out of
@@ -21,6 +22,9 @@ SGLANG_PARSER_VERSION ?= 0.5.23
 # (sglang-real-requirements.txt). Tests reach it through EAGLE3_SGLANG_PYTHON and never skip for want of it.
 SGLANG_REAL ?= .sglang-real
 SGLANG_REAL_TORCH ?= torch==2.14.1 torchvision==0.29.1
+# pip's cache would hold a second copy of every wheel it downloads (several GB for the real tier's
+# CUDA build of torch): CI machines have run out of disk with it.
+export PIP_NO_CACHE_DIR := 1
 
 $(VENV)/.installed: pyproject.toml constraints-test.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -47,6 +51,7 @@ demo: $(VENV)/.installed
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/lint-imports
 
 typecheck: $(VENV)/.installed
 	$(VENV)/bin/mypy
@@ -70,7 +75,12 @@ $(SSHD):
 	$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -q openssh-server || \
 		($(SUDO) apt-get update -q && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -q openssh-server)
 
-unit: $(VENV)/.installed $(SGLANG_PARSER)/.installed $(SGLANG_REAL)/.installed $(SSHD)
+# The end-to-end console tests drive the console in a tmux terminal.
+$(TMUX):
+	$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -q tmux || \
+		($(SUDO) apt-get update -q && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -q tmux)
+
+unit: $(VENV)/.installed $(SGLANG_PARSER)/.installed $(SGLANG_REAL)/.installed $(SSHD) $(TMUX)
 	EAGLE3_SGLANG_PARSER_PATH=$(abspath $(SGLANG_PARSER)) EAGLE3_SGLANG_PYTHON=$(abspath $(SGLANG_REAL))/bin/python \
 		$(PY) -m pytest -q
 

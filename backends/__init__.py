@@ -7,7 +7,7 @@ it never imports `console`.
 import sys
 from pathlib import Path
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 # Checked here, in syntax any Python 3 reads, before a module that needs 3.10 is compiled:
 # an old interpreter on the host then says so in one line instead of a SyntaxError.

@@ -18,14 +18,18 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import backends
-from backends import preflight, protocol, runctl, serve_flags
+from backends import protocol, serving
+from backends.bench import cli as bench
+from backends.bench.stream import BenchError
 from backends.bounded import bounded_info, within_budget
-from backends.convert import ConvertError, convert
-from backends.freegpus import FreePlan, free_gpus
-from backends.gpus import GpuSampler
+from backends.doctor.convert import ConvertError, convert
+from backends.doctor.full import full_diagnosis
+from backends.fileio import read_jsonl
+from backends.host.freegpus import FreePlan, free_gpus
+from backends.host.gpus import GpuSampler, infer_by_visible_devices
 from backends.protocol import (
     MAX_LINE_BYTES,
     MIN_INTERVAL_S,
@@ -33,27 +37,29 @@ from backends.protocol import (
     STREAMS,
     TERMINAL_STATES,
     DoctorResult,
+    EventsResult,
+    FreeGpusResult,
     GpuInfo,
+    HelloResult,
+    KillResult,
     LogChunk,
     MetricsResult,
     PreflightResult,
     ProtocolError,
+    RelaunchPresetsResult,
     Request,
+    RowsChunk,
     RunInfo,
+    RunsResult,
     StacksResult,
     StatusResult,
+    SubscribeResult,
+    UnsubscribeResult,
 )
-from backends.runstore import (
-    DEFAULT_WORKDIR,
-    EVENTS,
-    METRICS,
-    OUTPUT,
-    RunDir,
-    RunNotFound,
-    RunStore,
-    StoreError,
-    read_jsonl,
-)
+from backends.runs import control as runctl
+from backends.runs import preflight
+from backends.runs.store import DEFAULT_WORKDIR, EVENTS, METRICS, OUTPUT, RunDir, RunNotFound, RunStore, StoreError
+from backends.runs.visible_devices import visible_devices
 
 STREAM_FILES = {"log": OUTPUT, "metrics": METRICS, "events": EVENTS}
 # Poll fast while data flows, back off when idle (idle CPU vs. streaming lag).
@@ -74,6 +80,13 @@ def read_bytes(path: str | Path, offset: int, max_bytes: int) -> bytes:
             return fh.read(max_bytes)
     except FileNotFoundError:
         return b""
+
+
+def rows_chunk(path: Path, offset: int) -> RowsChunk:
+    """A JSON-lines file's object rows from `offset`, at most REPLY_FILE_BYTES of them."""
+    rows, skipped, next_offset = read_jsonl(path, offset, REPLY_FILE_BYTES)
+    objects = [r for r in rows if isinstance(r, dict)]
+    return {"rows": objects, "skipped": skipped + len(rows) - len(objects), "next_offset": next_offset}
 
 
 def file_size(path: str | Path) -> int:
@@ -167,8 +180,15 @@ class Agent:
         return self.sampler.fallback_reason or self.sampler.last_error
 
     def sample_gpus(self) -> list[GpuInfo]:
+        """Every GPU, each process with its run; a live run none of whose processes NVML lists (its pids are the
+        host's, inside a container) placed by its CUDA_VISIBLE_DEVICES, flagged as inferred. free-gpus samples
+        without this: it acts only on processes proven ours."""
         self._owners = runctl.owner_lookup(self.store)
-        return self.sampler.sample()
+        gpus = self.sampler.sample()
+        infer_by_visible_devices(
+            gpus, self._owners.values(), lambda runs: visible_devices(self.store, runs), self.sampler.uuids
+        )
+        return gpus
 
     async def serve(self, reader: asyncio.StreamReader) -> None:
         while True:
@@ -228,7 +248,7 @@ class Agent:
         return await handler(**request.args)
 
     # ----- operations -----
-    async def op_hello(self) -> dict[str, Any]:
+    async def op_hello(self) -> HelloResult:
         return {
             "version": PROTOCOL_VERSION,
             "agent": backends.__version__,
@@ -275,7 +295,7 @@ class Agent:
             "omitted": omitted,
         }
 
-    async def op_list_runs(self) -> dict[str, Any]:
+    async def op_list_runs(self) -> RunsResult:
         async with self._paced_look():
             runs, omitted = self._runs()
         return {"runs": runs, "omitted": omitted}
@@ -306,7 +326,7 @@ class Agent:
         if sglang_python is not None and os.sep in sglang_python:  # a bare name is looked up on PATH
             sglang_python = str(self._path(sglang_python, cwd))
         return await asyncio.to_thread(
-            preflight.full_diagnosis,
+            full_diagnosis,
             self._path(draft, cwd),
             target=self._path(target, cwd) if target else None,
             data=self._path(data, cwd) if data else None,
@@ -316,10 +336,44 @@ class Agent:
             sglang_python=sglang_python,
         )
 
-    async def op_relaunch_presets(self, run: str) -> dict[str, Any]:
-        """The relaunch presets spelled for the SGLang that parses the run's flags (its verdict is usually cached)."""
+    async def op_bench(
+        self,
+        target: str,
+        prompts: str,
+        requests: int,
+        concurrency: int,
+        max_tokens: int,
+        api: str,
+        name: str | None,
+        cwd: str | None,
+    ) -> protocol.BenchLaunchResult:
+        """A run that benches a serve run (or a URL): its result goes beside the serve run (or into its own folder)."""
+        try:
+            spec, served = bench.bench_spec(
+                self.store,
+                target,
+                prompts=prompts,
+                requests=requests,
+                concurrency=concurrency,
+                max_tokens=max_tokens,
+                api=api,
+                name=name,
+                cwd=cwd or self.cwd,
+            )
+        except ValueError as exc:
+            raise runctl.OpError("bad_args", str(exc)) from None
+        except BenchError as exc:
+            raise runctl.OpError("bench_refused", str(exc)) from None
+        launched = await asyncio.to_thread(runctl.launch, self.store, spec)
+        return cast(protocol.BenchLaunchResult, {**launched, "served_run": served})
+
+    async def op_relaunch_presets(self, run: str) -> RelaunchPresetsResult:
+        """The relaunch presets spelled for the release that serves the run (its flags' verdict is usually cached)."""
         spec = self.store.get(run).trusted_spec()
-        return await asyncio.to_thread(serve_flags.relaunch_presets, spec.argv, spec.env, spec.cwd)
+        if spec.kind in ("train", "extract"):  # a serving engine's flags mean nothing to our stages
+            return {"version": None, "presets": []}
+        engine = serving.engine_for(spec.argv) or serving.DEFAULT
+        return await asyncio.to_thread(engine.relaunch_presets, spec.argv, spec.env, spec.cwd)
 
     async def op_preflight(self, kind: str, argv: list[Any], cwd: str | None, env: dict[str, Any]) -> PreflightResult:
         if not all(isinstance(a, str) for a in argv):
@@ -337,7 +391,7 @@ class Agent:
     async def op_stacks(self, run: str, now: bool) -> StacksResult:
         return await asyncio.to_thread(runctl.stacks, self.store.get(run), now)
 
-    async def op_kill(self, run: str, signal: str, grace: float) -> Any:
+    async def op_kill(self, run: str, signal: str, grace: float) -> KillResult:
         return await asyncio.to_thread(runctl.kill, self.store.get(run), signal, grace)
 
     async def op_relaunch(
@@ -345,7 +399,7 @@ class Agent:
     ) -> Any:
         return await asyncio.to_thread(runctl.relaunch, self.store, run, set, unset, grace, force, dry_run)
 
-    async def op_free_gpus(self, gpus: list[int] | None, dry_run: bool, timeout: float, grace: float) -> Any:
+    async def op_free_gpus(self, gpus: list[int] | None, dry_run: bool, timeout: float, grace: float) -> FreeGpusResult:
         self._owners = runctl.owner_lookup(self.store)
         return await asyncio.to_thread(free_gpus, self.sampler, gpus, dry_run, timeout, grace, self._record_free)
 
@@ -358,7 +412,7 @@ class Agent:
         for run_id, pids in by_run.items():
             self.store.get(run_id).append_event("signal", signal="TERM", pids=sorted(pids), by="free-gpus")
 
-    async def op_logs(self, run: str, offset: int | None, tail: int | None, max_bytes: int) -> LogChunk | Any:
+    async def op_logs(self, run: str, offset: int | None, tail: int | None, max_bytes: int) -> LogChunk:
         rundir = self.store.get(run)
         path = rundir.file(OUTPUT)
         try:
@@ -377,12 +431,14 @@ class Agent:
         }
 
     async def op_metrics(self, run: str, offset: int) -> MetricsResult:
-        rundir = self.store.get(run)
-        rows, skipped, next_offset = read_jsonl(rundir.file(METRICS), offset, REPLY_FILE_BYTES)
-        dict_rows = [r for r in rows if isinstance(r, dict)]
-        return {"rows": dict_rows, "skipped": skipped + len(rows) - len(dict_rows), "next_offset": next_offset}
+        return rows_chunk(self.store.get(run).file(METRICS), offset)
 
-    async def op_subscribe(self, run: str | None, offsets: dict[str, Any], gpu_interval: float | None) -> Any:
+    async def op_events(self, run: str, offset: int) -> EventsResult:
+        return rows_chunk(self.store.get(run).file(EVENTS), offset)
+
+    async def op_subscribe(
+        self, run: str | None, offsets: dict[str, Any], gpu_interval: float | None
+    ) -> SubscribeResult:
         rundir = self.store.get(run) if run is not None else None
         bad = [k for k, v in offsets.items() if k not in STREAMS or not isinstance(v, int) or v < 0]
         if bad:
@@ -402,7 +458,7 @@ class Agent:
             self._poller = asyncio.create_task(self.poll_loop())
         return {"sub": sub.id, "run": rundir.id if rundir else None}
 
-    async def op_unsubscribe(self, sub: int) -> dict[str, Any]:
+    async def op_unsubscribe(self, sub: int) -> UnsubscribeResult:
         if self.subs.pop(sub, None) is None:
             raise runctl.OpError("not_found", f"no subscription {sub}")
         return {"sub": sub}

@@ -32,12 +32,118 @@ RunState = Literal["starting", "running", "ready", "stalled", "exited", "failed"
 # `corrupt`: a file of the run's record cannot be read, so nothing more can be told of it until it is repaired.
 TERMINAL_STATES: frozenset[str] = frozenset({"exited", "failed", "killed", "lost", "corrupt"})
 GpuSourceName = Literal["nvml", "nvidia-smi", "none"]
+
+
+class Metric:
+    """The names of a metric row's series (one JSON object per line of a run's metrics.jsonl, each value a number):
+    what our trainer and extractor write, what SGLang's decode lines and other trainers' logs are read as
+    (`backends.runs.metrics_sources`), and what the console plots. Per-position series are `acc_0`, `ploss_0`..."""
+
+    STEP = "step"
+    EPOCH = "epoch"
+    TIME = "t"  # seconds since the epoch: the x of a serve run's rows, which have no step
+    # training, every --log-every steps
+    LOSS = "loss"
+    LR = "lr"
+    GRAD_NORM = "grad_norm"
+    TOKENS_PER_S = "tokens_per_s"  # also extraction's rate
+    # evaluation, every --eval-every steps
+    VAL_LOSS = "val_loss"
+    VAL_ACC = "val_acc"
+    VAL_SIM_ACCEPT_LEN = "val_sim_accept_len"  # Σ_k Π_{j≤k} val_acc_j: the acceptance length the accuracies predict
+    PLATEAU = "plateau"  # the validation loss has stopped improving
+    # extraction, per shard
+    STAGE = "stage"
+    SAMPLES = "samples"
+    TOKENS = "tokens"
+    ETA_S = "eta_s"
+    SHARD = "shard"
+    # serving, per decode log line, or every few seconds from the server's own /metrics when it has them
+    ACCEPT_LEN = "accept_len"
+    GEN_THROUGHPUT = "gen_throughput"
+    RUNNING_REQ = "running_req"
+    QUEUE_REQ = "queue_req"
+    TOKEN_USAGE = "token_usage"
+    # serving, from /metrics only; latencies in seconds, percentiles of the requests finished since the last scrape
+    ACCEPT_RATE = "accept_rate"
+    CACHE_HIT_RATE = "cache_hit_rate"
+    TTFT_P50 = "ttft_p50"
+    TTFT_P99 = "ttft_p99"
+    ITL_P50 = "itl_p50"
+    ITL_P99 = "itl_p99"
+    E2E_P50 = "e2e_p50"
+    # other trainers' rows (`backends.runs.metrics_sources`)
+    SOURCE = "source"  # the --metrics-from source the row was read from: a name, not a number
+    BATCH = "batch"  # a progress bar's count within its epoch, in rows that have no step
+
+    @staticmethod
+    def acc(position: int) -> str:
+        return f"acc_{position}"
+
+    @staticmethod
+    def ploss(position: int) -> str:
+        return f"ploss_{position}"
+
+    @staticmethod
+    def val_acc(position: int) -> str:
+        return f"val_acc_{position}"
+
+    @staticmethod
+    def val_ploss(position: int) -> str:
+        return f"val_ploss_{position}"
+
+    @staticmethod
+    def epoch_acc(position: int) -> str:
+        """Over a whole training epoch, as EAGLE and SpecForge report it."""
+        return f"epoch_acc_{position}"
+
+    @staticmethod
+    def epoch_ploss(position: int) -> str:
+        return f"epoch_ploss_{position}"
+
+    @staticmethod
+    def val_acceptance_rate(position: int) -> str:
+        """SpecForge's `eval/acceptance_rate_k`."""
+        return f"val_acceptance_rate_{position}"
+
+
+# Where a run's child writes its metric rows (one JSON object per line): set by the supervisor for every run.
+ENV_METRICS_FILE = "EAGLE3_METRICS_FILE"
+# Where a `train` run's metrics come from when its trainer is not ours (`--metrics-from`; read by
+# `backends.runs.metrics_sources`).
+METRICS_SOURCES: tuple[str, ...] = ("jsonl", "specforge", "speculators", "eagle", "tensorboard")
+SOURCES_HELP = "jsonl, specforge, speculators, eagle or tensorboard:DIR"
+
+
+def parse_source(text: str) -> str:
+    """The `--metrics-from` value, normalised; ValueError with what to write instead.
+
+    A launch's argument, checked where the run spec is (RunSpec.validate) and by the console before it asks.
+    """
+    name, colon, arg = text.strip().partition(":")
+    name = name.strip().lower()
+    if name not in METRICS_SOURCES:
+        raise ValueError(f"unknown metrics source {text!r}; use one of {SOURCES_HELP}")
+    if name != "tensorboard":
+        if colon:
+            raise ValueError(f"metrics source {name!r} takes no argument (got {text!r}); use one of {SOURCES_HELP}")
+        return name
+    folder = arg.strip()
+    if not folder:
+        raise ValueError("tensorboard needs the folder of its event files: tensorboard:DIR (e.g. tensorboard:runs)")
+    if "\0" in folder:
+        raise ValueError("the tensorboard folder name contains a NUL byte")
+    return f"tensorboard:{folder}"
+
+
+# A metric row: series names (`Metric`) to numbers (a flag such as `plateau` is a bool, extraction's `stage` a name).
+MetricRow = dict[str, Any]
 SIGNAL_NAMES: tuple[str, ...] = ("TERM", "INT", "KILL")
 STREAMS: tuple[str, ...] = ("log", "metrics", "events")
 
 
 class Diagnosis(TypedDict):
-    """A failure recognised in a run's output (`backends.sglang_log`): what it means and what to try."""
+    """A failure recognised in a run's output (`backends.sglang.log`): what it means and what to try."""
 
     code: str
     meaning: str
@@ -52,7 +158,59 @@ class CorruptFile(TypedDict):
     reason: str
 
 
-class RunInfo(TypedDict):
+PROGRESS_METRICS = (Metric.STEP, Metric.SHARD, Metric.ETA_S)  # what RunInfo.progress may hold
+
+
+class Percentiles(TypedDict):
+    p50: float
+    p90: float
+    p99: float
+
+
+class BenchSettings(TypedDict):
+    prompts: str  # "builtin", or the prompt file's path on the host
+    requests: int
+    concurrency: int
+    max_tokens: int
+    api: str  # "chat" (/v1/chat/completions) or "completions" (/v1/completions)
+
+
+class BenchFigures(TypedDict):
+    ok: int  # requests streamed to their end
+    errors: int  # answered with an HTTP error or an error chunk, or not answered at all
+    cut: int  # streams that ended before their last chunk
+    output_tokens: int
+    duration_s: float
+    output_tok_s: float | None
+    # The server's own count over the bench's requests: completion tokens / verify steps (None: it gave none)
+    accept_len: float | None
+    ttft_ms: Percentiles | None  # time to the first token
+    itl_ms: Percentiles | None  # between streamed chunks
+
+
+class BenchResult(TypedDict):
+    """One `bench` of a served draft: a line of bench.jsonl in the served run's folder (or the bench run's own)."""
+
+    t: float  # when it ended
+    bench_run: str | None  # the run that drove it
+    served_run: str | None  # the serve run it measured (None: a URL)
+    url: str
+    argv: list[str] | None  # the served run's command line, secrets masked (RunInfo.bench leaves it out)
+    draft: str | None
+    settings: BenchSettings
+    figures: BenchFigures
+    first_error: str | None
+
+
+BENCH_SHOWN = 5  # the latest bench results a run's status carries
+
+
+class _RunBench(TypedDict, total=False):
+    # The latest BENCH_SHOWN bench results stored with the run, oldest first; absent when it has none
+    bench: list[BenchResult]
+
+
+class RunInfo(_RunBench):
     id: str
     name: str
     kind: str
@@ -75,6 +233,9 @@ class RunInfo(TypedDict):
     diagnoses: list[Diagnosis]
     corrupt: CorruptFile | None  # set when state is `corrupt`
     truncated: list[str]  # fields cut to keep a reply bounded (`status RUN` gives the run whole)
+    # A training's or an extraction's last step, shard and its own ETA, as its latest metric rows name them
+    # (None for other kinds, or before a row names any)
+    progress: dict[str, float] | None
 
 
 class GpuProcess(TypedDict):
@@ -84,7 +245,18 @@ class GpuProcess(TypedDict):
     run_id: str | None
 
 
-class GpuInfo(TypedDict):
+class InferredHolder(TypedDict):
+    run_id: str
+    inferred_from: str  # what placed the run here: "CUDA_VISIBLE_DEVICES"
+
+
+class _GpuInferred(TypedDict, total=False):
+    # Live runs no listed process was matched to (in a container NVML lists the host's pids), placed on this GPU by
+    # their CUDA_VISIBLE_DEVICES: for the eye only, never a reason to signal anything. Absent when there is none.
+    inferred: list[InferredHolder]
+
+
+class GpuInfo(_GpuInferred):
     """One GPU; any field NVML could not give is None (shown as "n/a")."""
 
     index: int
@@ -149,12 +321,20 @@ class LogChunk(TypedDict):
     next_offset: int
     size: int
     data_b64: str
+    state: str  # the run's, when the chunk was read
 
 
-class MetricsResult(TypedDict):
+class RowsChunk(TypedDict):
+    """Rows of one of a run's JSON-lines files from an offset: its metrics, or its events (phases, health
+    answers, stalls); `skipped`: lines that were not JSON objects."""
+
     rows: list[dict[str, Any]]
     skipped: int
     next_offset: int
+
+
+MetricsResult = RowsChunk
+EventsResult = RowsChunk
 
 
 Severity = Literal["error", "warning", "info"]
@@ -193,6 +373,73 @@ class StacksResult(TypedDict):
     file: str  # relative to the run's folder
     text: str
     taken_at: float
+
+
+class HelloResult(TypedDict):
+    """Who answers: the protocol it speaks, its release, and where it runs."""
+
+    version: int  # PROTOCOL_VERSION
+    agent: str  # the backends package's version
+    host: str
+    workdir: str  # the run store
+    pid: int
+    python: str
+
+
+class RunsResult(TypedDict):
+    """`list_runs`: the runs as `status` gives them, without the GPUs."""
+
+    runs: list[RunInfo]
+    omitted: int
+
+
+class LaunchResult(TypedDict):
+    """A new run: its first state, and what the pre-launch checks found (as in `PreflightResult`)."""
+
+    run: str
+    state: str
+    pid: int | None
+    error: str | None  # why it could not start
+    doctor: DoctorResult | None
+    flags: Finding | None
+
+
+class BenchLaunchResult(LaunchResult):
+    """The run `bench` started, and the serve run whose folder will hold its result (None: its own)."""
+
+    served_run: str | None
+
+
+class RelaunchResult(LaunchResult):
+    """The copy `relaunch` started: its parent, its command line (secrets masked) and the parent's stop."""
+
+    parent: str
+    argv: list[str]
+    stopped_parent: KillResult | None  # None: the parent had no live process
+
+
+class RelaunchPreview(TypedDict):
+    """`relaunch` with dry_run: what it would stop and start, and what the checks found; nothing was done."""
+
+    parent: str
+    would_stop: bool
+    argv: list[str]
+    flags: Finding | None
+    doctor: DoctorResult | None
+
+
+class RelaunchPresetsResult(TypedDict):
+    version: str | None  # the serving release that parses the run's flags; None: not known
+    presets: list[str]  # a preset of several flags is one space-separated string
+
+
+class SubscribeResult(TypedDict):
+    sub: int
+    run: str | None  # None: GPU samples only
+
+
+class UnsubscribeResult(TypedDict):
+    sub: int
 
 
 class ErrorBody(TypedDict, total=False):
@@ -246,6 +493,7 @@ OPS: dict[str, _ArgSpec] = {
         "health_url": (_OPT_STR, False, None),
         "stall_after": (_OPT_NUM, False, None),
         "module": (_OPT_STR, False, None),
+        "python": (_OPT_STR, False, None),
         "nproc": (_OPT_INT, False, None),
         "metrics_from": (_OPT_STR, False, None),
         "force": (_BOOL, False, False),
@@ -277,6 +525,7 @@ OPS: dict[str, _ArgSpec] = {
         "max_bytes": (_INT, False, 4 * 1024 * 1024),
     },
     "metrics": {"run": (_STR, True, None), "offset": (_INT, False, 0)},
+    "events": {"run": (_STR, True, None), "offset": (_INT, False, 0)},
     "subscribe": {
         "run": (_OPT_STR, False, None),
         "offsets": (_DICT, False, {}),
@@ -294,6 +543,16 @@ OPS: dict[str, _ArgSpec] = {
         "cwd": (_OPT_STR, False, None),
     },
     "relaunch_presets": {"run": (_STR, True, None)},
+    "bench": {
+        "target": (_STR, True, None),  # a serve run, or a URL
+        "prompts": (_STR, False, "builtin"),
+        "requests": (_INT, False, 32),
+        "concurrency": (_INT, False, 4),
+        "max_tokens": (_INT, False, 256),
+        "api": (_STR, False, "chat"),
+        "name": (_OPT_STR, False, None),
+        "cwd": (_OPT_STR, False, None),
+    },
     "preflight": {
         "kind": (_STR, True, None),
         "argv": (_LIST, True, None),

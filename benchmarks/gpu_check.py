@@ -18,7 +18,7 @@ import sys
 import tempfile
 import time
 
-from backends.gpus import NVML_MODULE_ENV, GpuSampler
+from backends.host.gpus import NVML_MODULE_ENV, GpuSampler
 from benchmarks._common import print_table
 
 HOLD = (

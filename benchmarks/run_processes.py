@@ -16,7 +16,7 @@ import subprocess
 import sys
 import time
 
-from backends import procinfo
+from backends.host import procinfo
 from benchmarks._common import percentile, print_table
 
 TARGET_MS = 50.0

@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from backends.runstore import RunDir
+from backends.runs.store import RunDir
 from benchmarks._common import print_table
 from benchmarks.stall_report import stall_facts
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from backends.runstore import OUTPUT, STACKS, RunDir
+from backends.runs.store import OUTPUT, STACKS, RunDir
 
 WAIT_FRAMES = ("all_reduce", "synchronize", "MainThread")  # the stack lines worth printing
 

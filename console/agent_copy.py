@@ -11,6 +11,11 @@ repairing at once both end with the right bytes); anything else (a planted modul
 a link) is removed, as are the compiled copies of the modules rewritten. A version the host lacks is
 uploaded whole into a staging folder and renamed into place. Then the launcher becomes the agent on
 the same channel, so a connection still costs one exec.
+
+The version folder also holds the agent's pure-Python dependencies (`vendor/`, from this console's own
+environment: `vendored`), under the same manifest and repair. The launcher says the host's architecture and
+whether it has a py-spy of its own, and lists WORKDIR/agent/bin/py-spy when not, so that `host_py_spy` can
+put the right one there.
 """
 
 from __future__ import annotations
@@ -29,6 +34,8 @@ from typing import Any
 
 import asyncssh
 
+from console import vendored
+
 BACKENDS = Path(__file__).resolve().parent.parent / "backends"
 PARTIAL = ".eagle3-partial-"  # a file being written: not importable, and left alone by a check running meanwhile
 CACHE = "__pycache__"
@@ -37,14 +44,16 @@ SHOWN_NAMES = 3  # names said per kind of change; the rest are counted
 # The first thing the host runs, with its Python (any 3.x, so that the agent's own version check can
 # speak after it), isolated (-I) from PYTHONPATH and the current folder. argv is WORKDIR and the version.
 # In the home folder, it makes WORKDIR/agent and WORKDIR/agent/<version> private, prints one JSON line
-# {workdir, top, found, tree}: `found` is what WORKDIR/agent/<version> is, and `tree` maps each path
-# under it to its SHA-256, "dir", "link", "other" (a fifo, a socket), "unreadable" (a file) or
-# "unlistable" (a folder). Then it waits for GO on stdin, read a byte at a time so that nothing meant
+# {workdir, top, found, tree, machine, py_spy, tool}: `found` is what WORKDIR/agent/<version> is, and `tree`
+# maps each path under it to its SHA-256, "dir", "link", "other" (a fifo, a socket), "unreadable" (a file) or
+# "unlistable" (a folder); `machine` is `uname -m`, `py_spy` the host's own py-spy (on PATH or beside this
+# Python, as the agent looks) or null, and `tool` what WORKDIR/agent/bin/py-spy is ("unused" when the host
+# has its own). Then it waits for GO on stdin, read a byte at a time so that nothing meant
 # for the agent is taken, and becomes the agent (exec, on the same channel) with the checked copy first
-# on sys.path, where `-m` would put the home folder (a ~/backends or ~/json.py would shadow it). A failure
-# is one line on stderr.
+# on sys.path, where `-m` would put the home folder (a ~/backends or ~/json.py would shadow it), and its
+# shipped dependencies right after. A failure is one line on stderr.
 LAUNCHER = r"""
-import hashlib, json, os, stat, sys
+import hashlib, json, os, platform, shutil, stat, sys
 tree = {}
 def kind(path):
     mode = os.lstat(path).st_mode
@@ -72,9 +81,15 @@ try:
     try: found = kind(top)
     except OSError: found = 'missing'
     if found == 'dir': walk(top, '')
+    beside = os.path.join(os.path.dirname(sys.executable), 'py-spy')
+    own = shutil.which('py-spy') or (beside if os.path.isfile(beside) else None)
+    try: tool = 'unused' if own else kind(os.path.join(agent, 'bin', 'py-spy'))
+    except OSError: tool = 'missing'
 except OSError as exc:
     sys.exit('%s: %s' % (exc.filename, exc.strerror))
-sys.stdout.write(json.dumps({'workdir': workdir, 'top': top, 'found': found, 'tree': tree}) + '\n')
+listing = {'workdir': workdir, 'top': top, 'found': found, 'tree': tree, 'machine': platform.machine(),
+           'py_spy': own, 'tool': tool}
+sys.stdout.write(json.dumps(listing) + '\n')
 sys.stdout.flush()
 said = b''
 while not said.endswith(b'\n'):
@@ -82,23 +97,28 @@ while not said.endswith(b'\n'):
     if not byte: sys.exit(0)
     said += byte
 if said != b'GO\n': sys.exit('the console said %r, not GO' % said)
-start = 'import runpy, sys; sys.path[0] = sys.argv.pop(1); runpy.run_module("backends.agent", run_name="__main__")'
+start = ('import runpy, sys; sys.path[0] = sys.argv.pop(1); from backends import shipped; shipped.vendor_first(); '
+         'runpy.run_module("backends.agent", run_name="__main__")')
 os.execv(sys.executable, [sys.executable, '-c', start, top, '--workdir', workdir])
 """
 GO = b"GO\n"
 
 
 def backends_files() -> list[Path]:
-    """The files the agent needs on the host: the backends package's Python sources."""
+    """The backends package's Python sources."""
     return sorted(p for p in BACKENDS.rglob("*.py") if "__pycache__" not in p.parts)
+
+
+def sources() -> dict[str, Path]:
+    """Each file the host must hold, as its path under the version folder, and the file here: the backends
+    package and the agent's shipped dependencies (VendorError when one cannot be shipped)."""
+    own = {f"backends/{p.relative_to(BACKENDS).as_posix()}": p for p in backends_files()}
+    return own | vendored.vendor_files()
 
 
 def manifest() -> dict[str, str]:
     """Each file the host must hold, as its path under the version folder and its SHA-256."""
-    return {
-        f"backends/{p.relative_to(BACKENDS).as_posix()}": hashlib.sha256(p.read_bytes()).hexdigest()
-        for p in backends_files()
-    }
+    return {path: hashlib.sha256(source.read_bytes()).hexdigest() for path, source in sources().items()}
 
 
 def version_of(files: dict[str, str]) -> str:
@@ -126,6 +146,9 @@ class HostCopy:
     top: str  # WORKDIR/agent/<version>, absolute
     found: str  # what `top` is: "dir", "missing", or something that is not a folder
     tree: dict[str, str]  # path under `top` -> SHA-256, "dir", "link", "other", "unreadable" or "unlistable"
+    machine: str  # uname -m
+    py_spy: str | None  # the host's own py-spy
+    tool: str  # what WORKDIR/agent/bin/py-spy is, as `tree` says it; "missing", or "unused" with py_spy
 
 
 def parse_listing(line: bytes) -> HostCopy:
@@ -134,7 +157,13 @@ def parse_listing(line: bytes) -> HostCopy:
     if not (isinstance(data, dict) and isinstance(data.get("tree"), dict)):
         raise ValueError("the launcher printed something else")
     return HostCopy(
-        str(data["workdir"]), str(data["top"]), str(data["found"]), {str(k): str(v) for k, v in data["tree"].items()}
+        str(data["workdir"]),
+        str(data["top"]),
+        str(data["found"]),
+        {str(k): str(v) for k, v in data["tree"].items()},
+        str(data.get("machine", "")),
+        None if data.get("py_spy") is None else str(data["py_spy"]),
+        str(data.get("tool", "missing")),
     )
 
 
@@ -212,7 +241,7 @@ def plan(files: dict[str, str], tree: dict[str, str]) -> Repair:
 
 async def repair(sftp: asyncssh.SFTPClient, top: str, what: Repair) -> None:
     """Make the host's copy under `top` equal the manifest, as `what` says."""
-    local = {f"backends/{p.relative_to(BACKENDS).as_posix()}": p for p in backends_files()}
+    local = sources()
     for path, is_folder in what.remove:
         await _remove(sftp, f"{top}/{path}", is_folder)
     for folder in what.folders:
@@ -229,10 +258,10 @@ async def upload(sftp: asyncssh.SFTPClient, top: str) -> None:
     await sftp.chmod(agent, 0o700)
     staging = f"{agent}/.upload-{uuid.uuid4().hex[:8]}"
     await sftp.mkdir(staging, asyncssh.SFTPAttrs(permissions=0o700))
-    files = backends_files()
-    for folder in sorted({path.parent.relative_to(BACKENDS).as_posix() for path in files}):
-        await sftp.makedirs(f"{staging}/backends/{folder}".removesuffix("/."), exist_ok=True)
-    await asyncio.gather(*(sftp.put(str(p), f"{staging}/backends/{p.relative_to(BACKENDS).as_posix()}") for p in files))
+    files = sources()
+    for folder in sorted({posixpath.dirname(path) for path in files}):
+        await sftp.makedirs(f"{staging}/{folder}", exist_ok=True)
+    await asyncio.gather(*(sftp.put(str(source), f"{staging}/{path}") for path, source in files.items()))
     try:
         await sftp.rename(staging, top)
     except asyncssh.SFTPError:

@@ -1,4 +1,4 @@
-"""The agent client: requests with replies, and subscriptions that stream.
+"""The agent client: one typed method per operation of the protocol, and subscriptions that stream.
 
 The CLI and the TUI talk to this, never to a transport. A subscription is an
 async iterator of stream messages; its offsets are kept so a new client (after
@@ -12,10 +12,31 @@ import contextlib
 import itertools
 import json
 import time
-from collections.abc import AsyncIterator, Callable
-from typing import Any
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from typing import Any, Literal, cast, overload
 
-from backends import protocol
+from backends import protocol, serving
+from backends.protocol import (
+    BenchLaunchResult,
+    DoctorResult,
+    EventsResult,
+    FreeGpusResult,
+    HelloResult,
+    KillResult,
+    LaunchResult,
+    LogChunk,
+    MetricsResult,
+    PreflightResult,
+    RelaunchPresetsResult,
+    RelaunchPreview,
+    RelaunchResult,
+    RunInfo,
+    RunsResult,
+    StacksResult,
+    StatusResult,
+    SubscribeResult,
+    UnsubscribeResult,
+)
 from console.transport import Transport, TransportError
 
 RECONNECT_BACKOFF_S = (1.0, 2.0, 4.0, 8.0, 15.0, 30.0)  # seconds between tries to reach a lost agent
@@ -60,7 +81,7 @@ class Subscription:
 
     async def close(self) -> None:
         with contextlib.suppress(AgentError, TransportError):
-            await self.client.request("unsubscribe", sub=self.id)
+            await self.client.unsubscribe(self.id)
         self.client._subs.pop(self.id, None)
 
 
@@ -84,10 +105,10 @@ class AgentClient:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
-    async def start(self) -> dict[str, Any]:
+    async def start(self) -> HelloResult:
         await self.transport.open()
         self._reader = asyncio.create_task(self._read_loop())
-        hello: dict[str, Any] = await self.request("hello")
+        hello = await self.hello()
         if hello.get("version") != protocol.PROTOCOL_VERSION:
             raise TransportError(
                 f"agent speaks protocol {hello.get('version')}, this console {protocol.PROTOCOL_VERSION}; "
@@ -103,7 +124,7 @@ class AgentClient:
                 await self._reader
         await self.transport.close()
 
-    async def reconnect(self) -> dict[str, Any]:
+    async def reconnect(self) -> HelloResult:
         """A fresh agent over a fresh connection; subscriptions must be made again (from their offsets)."""
         await self.close()
         self._pending.clear()
@@ -112,7 +133,7 @@ class AgentClient:
         self.closed_reason = None
         return await self.start()
 
-    async def reconnect_until_back(self, on_failure: Callable[[TransportError], None]) -> dict[str, Any]:
+    async def reconnect_until_back(self, on_failure: Callable[[TransportError], None]) -> HelloResult:
         """`reconnect`, tried at once and then again with backoff while the failure is transient (each one
         told to `on_failure`); a failure that retrying cannot help (a refused host key) is raised.
 
@@ -148,6 +169,7 @@ class AgentClient:
             await asyncio.sleep(RECONNECT_BACKOFF_S[self._same_losses - 1])
 
     async def request(self, op: str, **args: Any) -> Any:
+        """One request and its reply's result, untyped: the transport of the typed methods below."""
         if self.closed_reason is not None:
             raise TransportError(self.closed_reason)  # nobody is left to answer
         request_id = next(self._ids)
@@ -161,16 +183,210 @@ class AgentClient:
         finally:
             self._pending.pop(request_id, None)
 
+    # One method per operation of the protocol (`protocol.OPS`): its arguments by name, its defaults, its reply.
+
+    async def hello(self) -> HelloResult:
+        return cast(HelloResult, await self.request("hello"))
+
+    async def status(self, *, gpus: bool = True) -> StatusResult:
+        return cast(StatusResult, await self.request("status", gpus=gpus))
+
+    async def list_runs(self) -> RunsResult:
+        return cast(RunsResult, await self.request("list_runs"))
+
+    async def run_info(self, run: str) -> RunInfo:
+        """One run whole: every field that `status` cuts to keep its reply bounded."""
+        return cast(RunInfo, await self.request("run_info", run=run))
+
+    async def launch(
+        self,
+        kind: str,
+        argv: Sequence[str],
+        *,
+        name: str | None = None,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        gpus: Sequence[int] = (),
+        health_url: str | None = None,
+        stall_after: float | None = None,
+        module: str | None = None,
+        python: str | None = None,
+        nproc: int | None = None,
+        metrics_from: str | None = None,
+        force: bool = False,
+    ) -> LaunchResult:
+        result = await self.request(
+            "launch",
+            kind=kind,
+            argv=list(argv),
+            name=name,
+            env=dict(env or {}),
+            cwd=cwd,
+            gpus=list(gpus),
+            health_url=health_url,
+            stall_after=stall_after,
+            module=module,
+            python=python,
+            nproc=nproc,
+            metrics_from=metrics_from,
+            force=force,
+        )
+        return cast(LaunchResult, result)
+
+    async def stacks(self, run: str, *, now: bool = False) -> StacksResult:
+        return cast(StacksResult, await self.request("stacks", run=run, now=now))
+
+    async def kill(self, run: str, *, signal: str = "TERM", grace: float = 10.0) -> KillResult:
+        return cast(KillResult, await self.request("kill", run=run, signal=signal, grace=grace))
+
+    @overload
+    async def relaunch(
+        self,
+        run: str,
+        *,
+        set: Sequence[str] = ...,
+        unset: Sequence[str] = ...,
+        grace: float = ...,
+        force: bool = ...,
+        dry_run: Literal[False] = ...,
+    ) -> RelaunchResult: ...
+
+    @overload
+    async def relaunch(
+        self,
+        run: str,
+        *,
+        set: Sequence[str] = ...,
+        unset: Sequence[str] = ...,
+        grace: float = ...,
+        force: bool = ...,
+        dry_run: Literal[True],
+    ) -> RelaunchPreview: ...
+
+    async def relaunch(
+        self,
+        run: str,
+        *,
+        set: Sequence[str] = (),
+        unset: Sequence[str] = (),
+        grace: float = 10.0,
+        force: bool = False,
+        dry_run: bool = False,
+    ) -> RelaunchResult | RelaunchPreview:
+        """A copy of the run with flags set and removed (its parent stopped first); with `dry_run`, what that
+        would do, doing nothing."""
+        result = await self.request(
+            "relaunch", run=run, set=list(set), unset=list(unset), grace=grace, force=force, dry_run=dry_run
+        )
+        return cast("RelaunchResult | RelaunchPreview", result)
+
+    async def free_gpus(
+        self, *, gpus: Sequence[int] | None = None, dry_run: bool = True, timeout: float = 15.0, grace: float = 5.0
+    ) -> FreeGpusResult:
+        """Your processes that hold GPU memory (all GPUs, or `gpus`): the plan, or with dry_run=False, done."""
+        result = await self.request(
+            "free_gpus", gpus=None if gpus is None else list(gpus), dry_run=dry_run, timeout=timeout, grace=grace
+        )
+        return cast(FreeGpusResult, result)
+
+    async def logs(
+        self, run: str, *, offset: int | None = None, tail: int | None = None, max_bytes: int = 4 * 1024 * 1024
+    ) -> LogChunk:
+        """A piece of the run's output: from `offset`, or its last `tail` lines, or from its start."""
+        result = await self.request("logs", run=run, offset=offset, tail=tail, max_bytes=max_bytes)
+        return cast(LogChunk, result)
+
+    async def metrics(self, run: str, *, offset: int = 0) -> MetricsResult:
+        return cast(MetricsResult, await self.request("metrics", run=run, offset=offset))
+
+    async def events(self, run: str, *, offset: int = 0) -> EventsResult:
+        """The run's events from `offset`: its phases, health answers and stalls (a timeline's source)."""
+        return cast(EventsResult, await self.request("events", run=run, offset=offset))
+
     async def subscribe(
-        self, run: str | None = None, offsets: dict[str, int] | None = None, gpu_interval: float | None = None
+        self, *, run: str | None = None, offsets: Mapping[str, int] | None = None, gpu_interval: float | None = None
     ) -> Subscription:
-        offsets = offsets or {}
-        result = await self.request("subscribe", run=run, offsets=offsets, gpu_interval=gpu_interval)
+        """A run's streams from `offsets` (each from 0 when not given), and GPU samples every `gpu_interval` s."""
+        offsets = dict(offsets or {})
+        result = cast(
+            SubscribeResult, await self.request("subscribe", run=run, offsets=offsets, gpu_interval=gpu_interval)
+        )
         sub = Subscription(self, result["sub"], {s: offsets.get(s, 0) for s in protocol.STREAMS})
         self._subs[sub.id] = sub
         for msg in self._early.pop(sub.id, []):
             sub.queue.put_nowait(msg)
         return sub
+
+    async def unsubscribe(self, sub: int) -> UnsubscribeResult:
+        return cast(UnsubscribeResult, await self.request("unsubscribe", sub=sub))
+
+    async def doctor(
+        self,
+        draft: str,
+        *,
+        target: str | None = None,
+        data: str | None = None,
+        sglang_version: str | None = None,
+        context_length: int | None = None,
+        dry_load: bool = False,
+        sglang_python: str | None = None,
+        cwd: str | None = None,
+    ) -> DoctorResult:
+        result = await self.request(
+            "doctor",
+            draft=draft,
+            target=target,
+            data=data,
+            sglang_version=sglang_version,
+            context_length=context_length,
+            dry_load=dry_load,
+            sglang_python=sglang_python,
+            cwd=cwd,
+        )
+        return cast(DoctorResult, result)
+
+    async def bench(
+        self,
+        target: str,
+        *,
+        prompts: str = "builtin",
+        requests: int = 32,
+        concurrency: int = 4,
+        max_tokens: int = 256,
+        api: str = "chat",
+        name: str | None = None,
+        cwd: str | None = None,
+    ) -> BenchLaunchResult:
+        """A run that benches `target` (a serve run, or a URL) from the host; its result is kept with the serve run."""
+        result = await self.request(
+            "bench",
+            target=target,
+            prompts=prompts,
+            requests=requests,
+            concurrency=concurrency,
+            max_tokens=max_tokens,
+            api=api,
+            name=name,
+            cwd=cwd,
+        )
+        return cast(BenchLaunchResult, result)
+
+    async def relaunch_presets(self, run: str) -> RelaunchPresetsResult:
+        """The relaunch presets spelled for the release that serves the run; when the host cannot say (an older
+        run, a link down), the spelling every release accepts."""
+        try:
+            return cast(RelaunchPresetsResult, await self.request("relaunch_presets", run=run))
+        except (AgentError, TransportError):
+            return {"version": None, "presets": list(serving.DEFAULT.fallback_presets)}
+
+    async def preflight(
+        self, kind: str, argv: Sequence[str], *, cwd: str | None = None, env: Mapping[str, str] | None = None
+    ) -> PreflightResult:
+        result = await self.request("preflight", kind=kind, argv=list(argv), cwd=cwd, env=dict(env or {}))
+        return cast(PreflightResult, result)
+
+    async def convert(self, src: str, dst: str, *, to: str = "sglang", cwd: str | None = None) -> DoctorResult:
+        return cast(DoctorResult, await self.request("convert", src=src, dst=dst, to=to, cwd=cwd))
 
     async def _read_loop(self) -> None:
         reason = "the agent closed the connection"

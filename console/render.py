@@ -1,4 +1,8 @@
-"""Plain-text rendering of agent results for the CLI (tables, n/a, times)."""
+"""Plain-text rendering of agent results for the CLI (tables, n/a, times).
+
+The functions that show a run, a status or a relaunch preview take any mapping of the reply's fields: the
+faults tests feed them hand-made, hostile ones.
+"""
 
 from __future__ import annotations
 
@@ -6,11 +10,25 @@ import re
 import shlex
 import time
 import unicodedata
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-from backends.serve_flags import server_command
+from backends import serving
+from backends.protocol import (
+    TERMINAL_STATES,
+    Finding,
+    FreeGpusResult,
+    GpuInfo,
+    InferredHolder,
+    KillResult,
+    Metric,
+    MetricRow,
+    RunInfo,
+)
+
+if TYPE_CHECKING:
+    from console.config import Host
 
 NA = "n/a"
 # What a terminal acts on rather than shows: controls (ESC, newline, BEL), format characters (bidi
@@ -67,7 +85,7 @@ def truncate(text: str, width: int) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
-def exit_text(run: dict[str, Any]) -> str:
+def exit_text(run: Mapping[str, Any]) -> str:
     if run.get("error"):
         return "error"
     if run.get("signal"):
@@ -75,17 +93,43 @@ def exit_text(run: dict[str, Any]) -> str:
     return "-" if run.get("exit_code") is None else str(run["exit_code"])
 
 
-def run_gpus(gpus: list[dict[str, Any]]) -> dict[str, str]:
-    """Each run's GPUs, where NVML lists one of its processes, with their utilisation: `0:97% 1:0%`."""
+def run_gpus(gpus: Sequence[GpuInfo]) -> dict[str, str]:
+    """Each run's GPUs, where NVML lists one of its processes, with their utilisation: `0:97% 1:0%`; where it
+    lists none (inside a container) but the run's CUDA_VISIBLE_DEVICES names them, with where that came from:
+    `0:97% (by CUDA_VISIBLE_DEVICES)`."""
     held: dict[str, list[str]] = {}
+    why: dict[str, str] = {}
     for gpu in gpus:
         util = "n/a" if gpu["util"] is None else f"{gpu['util']}%"
-        for run_id in dict.fromkeys(p["run_id"] for p in gpu["processes"] if p.get("run_id")):
+        for run_id in dict.fromkeys(filter(None, (p.get("run_id") for p in gpu["processes"]))):
             held.setdefault(run_id, []).append(f"{gpu['index']}:{util}")
-    return {run_id: " ".join(on) for run_id, on in held.items()}
+        for holder in gpu.get("inferred") or []:
+            held.setdefault(holder["run_id"], []).append(f"{gpu['index']}:{util}")
+            why[holder["run_id"]] = inferred_note(holder)
+    return {run_id: " ".join(on + ([why[run_id]] if run_id in why else [])) for run_id, on in held.items()}
 
 
-def runs_table(runs: list[dict[str, Any]], gpus: list[dict[str, Any]] | None = None) -> str:
+def inferred_note(holder: InferredHolder) -> str:
+    """`(by CUDA_VISIBLE_DEVICES)`: a run placed on a GPU by its launch, not by a process NVML listed."""
+    return f"(by {holder['inferred_from']})"
+
+
+def progress_head(step: float | None, shard: float | None, total: int | None = None) -> str | None:
+    """`step 1295/3000`, `step 1295`, `shard 3` (shards count from 0 in the rows, from 1 here)."""
+    if step is not None:
+        return f"step {step:.0f}" + (f"/{total}" if total else "")
+    if shard is not None:
+        return f"shard {shard + 1:.0f}"
+    return None
+
+
+def progress_text(run: RunInfo) -> str | None:
+    """How far a training or an extraction got, as its last metric rows say (see `progress_head`)."""
+    progress = run.get("progress") or {}
+    return progress_head(progress.get(Metric.STEP), progress.get(Metric.SHARD))
+
+
+def runs_table(runs: Sequence[RunInfo], gpus: Sequence[GpuInfo] | None = None) -> str:
     on_gpus = run_gpus(gpus or [])
     rows = [
         [
@@ -93,10 +137,10 @@ def runs_table(runs: list[dict[str, Any]], gpus: list[dict[str, Any]] | None = N
             truncate(printable(r["name"]), 20),
             r["kind"],
             r["state"],
-            truncate(printable(r.get("phase") or "-"), 24),
+            truncate(printable(r.get("phase") or progress_text(r) or "-"), 24),
             cell(r["pid"]) if r["pid"] else "-",
             exit_text(r),
-            truncate(on_gpus.get(r["id"], "-"), 24),
+            truncate(on_gpus.get(r["id"], "-"), 48),  # room for "(by CUDA_VISIBLE_DEVICES)"
             clock(r["started_at"]),
             truncate(command_line(r["argv"]), 60),
         ]
@@ -114,7 +158,20 @@ STALL_KINDS = {
 }
 
 
-def stall_text(run: dict[str, Any]) -> str:
+# What to try on each kind of stall, after looking at its stack.
+STALL_ADVICE = {
+    "idle": (
+        "if the top frames wait on a download, a lock or a socket, fix that and relaunch (r); "
+        "s shows every stack, k kills the run"
+    ),
+    "spinning": (
+        "read the other ranks' logs for the one that never joined; relaunch with NCCL_DEBUG=INFO, "
+        "or with fewer GPUs (r)"
+    ),
+}
+
+
+def stall_text(run: Mapping[str, Any]) -> str:
     """A stalled run's stall: where, since when, how it sits still, and where its stacks are."""
     dumps = run.get("stack_dumps") or []
     where = f" in {run['phase']}" if run.get("phase") else ""
@@ -123,6 +180,84 @@ def stall_text(run: dict[str, Any]) -> str:
         f"stalled{where} since {clock(run.get('stalled_since'))}: {how}; "
         f"stacks: runs/{run['id']}/{dumps[-1] if dumps else '(none)'}"
     )
+
+
+def top_frames(dump: str, count: int = 3) -> list[str]:
+    """The innermost `count` frames of each thread's stack in a py-spy dump (py-spy prints innermost first)."""
+    frames: list[str] = []
+    taking = 0
+    for line in dump.splitlines():
+        if line.startswith("Thread "):
+            taking = count
+        elif taking and line.startswith("    ") and line.strip():
+            frames.append(line.strip())
+            taking -= 1
+        else:
+            taking = 0
+    return frames
+
+
+TRACEBACK = "Traceback (most recent call last)"
+
+
+class ExceptionFinder:
+    """The last exception a log names: the first unindented line after a traceback's frames."""
+
+    def __init__(self) -> None:
+        self.last: str | None = None
+        self.in_traceback = False
+
+    def feed(self, line: str) -> None:
+        if TRACEBACK in line:
+            self.in_traceback = True
+        elif self.in_traceback and line.strip() and not line[:1].isspace():
+            self.last = printable(line.strip())
+            self.in_traceback = False
+
+
+def flag_values(argv: Sequence[str]) -> dict[str, str | None]:
+    """A command line's `--flags` and their values (None: a switch); `--a=b` and `--a b` alike."""
+    flags: dict[str, str | None] = {}
+    for i, word in enumerate(argv):
+        if not word.startswith("--"):
+            continue
+        name, eq, value = word.partition("=")
+        if eq:
+            flags[name] = value
+        else:
+            following = argv[i + 1] if i + 1 < len(argv) else None
+            flags[name] = following if following is not None and not following.startswith("-") else None
+    return flags
+
+
+def changed_flags(before: Sequence[str], after: Sequence[str]) -> list[str]:
+    """What a relaunch changed: `added --disable-cuda-graph`, `removed --cuda-graph-max-bs`,
+    `--mem-fraction-static 0.9→0.8`."""
+    old, new = flag_values(before), flag_values(after)
+    changes = [f"removed {name}" for name in old if name not in new]
+    for name, value in new.items():
+        if name not in old:
+            changes.append(f"added {name}" + (f" {value}" if value is not None else ""))
+        elif old[name] != value:
+            changes.append(f"{name} {old[name] or '(on)'}→{value or '(on)'}")
+    return [printable(change) for change in changes]
+
+
+# Runs that want a person's attention first, most urgent first; and the states that count as a failure.
+FAILED_STATES = frozenset({"failed", "lost", "corrupt"})
+
+
+def attention_rank(state: str) -> int:
+    return 0 if state == "stalled" else 1 if state in FAILED_STATES else 2
+
+
+def attention_counts(runs: Sequence[Mapping[str, Any]]) -> str:
+    """`1 stalled · 1 failed · 3 running`: the runs that need a look, then the live ones (none: empty)."""
+    stalled = sum(r["state"] == "stalled" for r in runs)
+    failed = sum(r["state"] in FAILED_STATES for r in runs)
+    live = sum(r["state"] not in TERMINAL_STATES and r["state"] != "stalled" for r in runs)
+    parts = [(stalled, "stalled"), (failed, "failed"), (live, "running")]
+    return " · ".join(f"{n} {what}" for n, what in parts if n)
 
 
 # State changes worth telling a person who looks elsewhere, and how loudly (Textual's severities).
@@ -146,7 +281,7 @@ class StateChange:
     severity: Severity | None  # None: a step on the way (starting → running), not news
 
 
-def state_changes(before: dict[str, str], runs: list[dict[str, Any]]) -> list[StateChange]:
+def state_changes(before: dict[str, str], runs: Sequence[Mapping[str, Any]]) -> list[StateChange]:
     """What changed since `before` (run id -> state): new runs and every change of state."""
     changes: list[StateChange] = []
     for run in runs:
@@ -163,7 +298,7 @@ def state_changes(before: dict[str, str], runs: list[dict[str, Any]]) -> list[St
     return changes
 
 
-def run_notes(runs: list[dict[str, Any]]) -> list[str]:
+def run_notes(runs: Sequence[Mapping[str, Any]]) -> list[str]:
     """What a person must see about a run beyond its row: a stall and its stacks, failures explained."""
     notes: list[str] = []
     for r in runs:
@@ -176,7 +311,7 @@ def run_notes(runs: list[dict[str, Any]]) -> list[str]:
     return [printable(note) for note in notes]
 
 
-def corrupt_text(run: dict[str, Any]) -> str:
+def corrupt_text(run: Mapping[str, Any]) -> str:
     corrupt = run["corrupt"]
     return (
         f"run {run['id']} is corrupt: {corrupt['file']}: {corrupt['reason']}; "
@@ -184,7 +319,7 @@ def corrupt_text(run: dict[str, Any]) -> str:
     )
 
 
-def run_text(run: dict[str, Any]) -> str:
+def run_text(run: RunInfo) -> str:
     """One run whole, a field a line (`status RUN`): nothing of it is cut."""
     fields = [
         ("run", run["id"]),
@@ -210,13 +345,14 @@ def mem(used: int | None, total: int | None) -> str:
     return f"{cell(used)}/{cell(total)} MiB"
 
 
-def gpus_table(gpus: list[dict[str, Any]]) -> str:
+def gpus_table(gpus: Sequence[GpuInfo]) -> str:
     rows = []
     for g in gpus:
-        procs = ", ".join(
-            f"{p['pid']}({p['user'] or NA}{', ' + p['run_id'] if p.get('run_id') else ''}: {cell(p['mem_mib'])} MiB)"
+        listed = [
+            f"{p['pid']}({', '.join(filter(None, [p['user'] or NA, p.get('run_id')]))}: {cell(p['mem_mib'])} MiB)"
             for p in g["processes"]
-        )
+        ]
+        procs = ", ".join(listed + [f"run {h['run_id']} {inferred_note(h)}" for h in g.get("inferred") or []])
         rows.append(
             [
                 str(g["index"]),
@@ -231,7 +367,7 @@ def gpus_table(gpus: list[dict[str, Any]]) -> str:
     return table(["GPU", "NAME", "UTIL", "MEMORY", "TEMP", "POWER", "PROCESSES"], rows)
 
 
-def status_text(status: dict[str, Any]) -> str:
+def status_text(status: Mapping[str, Any]) -> str:
     parts = [f"host {status['host']}"]
     parts.append(runs_table(status["runs"], status.get("gpus")) if status["runs"] else "no runs yet")
     notes = run_notes(status["runs"])
@@ -251,14 +387,21 @@ def status_text(status: dict[str, Any]) -> str:
     return "\n\n".join(parts)
 
 
-def metrics_table(rows: list[dict[str, Any]]) -> str:
+def metrics_table(rows: Sequence[MetricRow]) -> str:
     columns: list[str] = []
     for row in rows:
         columns += [k for k in row if k not in columns]
-    return table(columns, [[cell(row.get(c)) if c in row else "" for c in columns] for row in rows])
+
+    def shown(row: MetricRow, column: str) -> str:
+        value = row.get(column)
+        if column == Metric.TIME and isinstance(value, (int, float)):
+            return clock(value)  # seconds since 1970 say nothing at a glance
+        return cell(value) if column in row else ""
+
+    return table(columns, [[shown(row, c) for c in columns] for row in rows])
 
 
-def kill_text(result: dict[str, Any]) -> str:
+def kill_text(result: KillResult) -> str:
     lines = [f"run {result['run']}: {result['state']}"]
     for p in result["processes"]:
         fate = "died" if p["died"] else "STILL ALIVE"
@@ -270,7 +413,7 @@ def kill_text(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def free_text(result: dict[str, Any]) -> str:
+def free_text(result: FreeGpusResult) -> str:
     lines = []
     if not result["gpus"]:
         return f"no GPUs found (source: {result['gpu_source']})"
@@ -297,7 +440,7 @@ def free_text(result: dict[str, Any]) -> str:
 POSITION_KEY = re.compile(r"^(val_)?(acc|ploss)_(\d+)$")
 
 
-def compact_columns(row: dict[str, Any]) -> list[str]:
+def compact_columns(row: MetricRow) -> list[str]:
     """A row's keys for a narrow table: per-position accuracy only at the first and
     last position, no per-position losses (the console's curves show them all)."""
     positions = [int(m.group(3)) for k in row if (m := POSITION_KEY.match(k)) and m.group(2) == "acc"]
@@ -325,7 +468,7 @@ class LiveTable:
         cells, names = [printable(c) for c in cells], [printable(name) for name in self.columns]
         return "  ".join(c.rjust(max(self.min_width, len(name))) for c, name in zip(cells, names, strict=True))
 
-    def lines(self, rows: list[dict[str, Any]]) -> list[str]:
+    def lines(self, rows: Sequence[MetricRow]) -> list[str]:
         out: list[str] = []
         for row in rows:
             keys = list(row) if self.wide else compact_columns(row)
@@ -356,14 +499,14 @@ def startup_event(event: dict[str, Any]) -> str | None:
     return None
 
 
-def flags_text(flags: dict[str, Any]) -> str:
+def flags_text(flags: Finding) -> str:
     """SGLang's parser on a serve command's flags (its refusal, its warnings, or why it was not asked), and for a
     warning what to write instead."""
     text = f"{flags['severity']}: {flags['message']}"
     return text + (f"\n  fix: {flags['fix']}" if flags["severity"] == "warning" and flags.get("fix") else "")
 
 
-def relaunch_preview(result: dict[str, Any]) -> str:
+def relaunch_preview(result: Mapping[str, Any]) -> str:
     """What a relaunch would start, and what the pre-launch checks said of it (nothing was stopped)."""
     if result["would_stop"]:
         head = f"would stop run {result['parent']} and start:"
@@ -373,10 +516,25 @@ def relaunch_preview(result: dict[str, Any]) -> str:
     flags, verdict = result.get("flags"), result.get("doctor")
     if flags is not None:
         lines += flags_text(flags).splitlines()
-    elif server_command(result["argv"]) is not None:
-        lines.append("SGLang's parser: accepted")
+    elif (engine := serving.engine_for(result["argv"])) is not None:
+        lines.append(f"{engine.name}'s parser: accepted")
     if verdict is not None:
         lines.append(f"doctor: {verdict['errors']} error(s), {verdict['warnings']} warning(s)")
         notable = [f for f in verdict["findings"] if f["severity"] != "info"]
         lines += [f"  {f['severity'].upper()} {f['code']}: {f['message']}" for f in notable]
     return "\n".join(printable(line) for line in lines)
+
+
+def hosts_table(hosts: Sequence[Host]) -> str:
+    """`eagle3-console hosts`: each host, where it is, what it sets."""
+    rows = [
+        [
+            host.name,
+            host.address,
+            host.source,
+            " ".join(f"{key}={value}" for key, value in host.settings.items()),
+            host.description,
+        ]
+        for host in hosts
+    ]
+    return table(["HOST", "ADDRESS", "FROM", "SETTINGS", "DESCRIPTION"], rows)

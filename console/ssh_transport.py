@@ -8,7 +8,8 @@ unknown one is trusted only when `trust_new_key` (a person, asked, or
 the pure-Python `backends` package is uploaded by SFTP, once per version, into
 `WORKDIR/agent/<version>/` on the host, checked against this console's own files
 on every connection and put right where it differs (`agent_copy`), and the agent
-runs from there. Nothing listens on the host: the agent speaks over the
+runs from there, with its pure-Python dependencies shipped beside it and, on a host without py-spy, the
+py-spy for its architecture (`host_py_spy`). Nothing listens on the host: the agent speaks over the
 channel's stdin/stdout.
 """
 
@@ -17,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import posixpath
 import re
 import shlex
 import sys
@@ -26,7 +28,7 @@ from typing import Any
 
 import asyncssh
 
-from console import agent_copy, host_keys
+from console import agent_copy, host_keys, host_py_spy, vendored
 from console.transport import STDERR_KEEP_LINES, Transport, TransportError
 
 DEFAULT_PYTHON = "python3"  # the host's interpreter for the agent, unless --remote-python names another
@@ -67,6 +69,7 @@ class SSHTransport(Transport):
         self._proc: asyncssh.SSHClientProcess[bytes] | None = None
         self._stderr: collections.deque[str] = collections.deque(maxlen=STDERR_KEEP_LINES)
         self._stderr_task: asyncio.Task[None] | None = None
+        self._said_no_py_spy = False  # why the host gets no py-spy is said once, not at every reconnection
 
     async def open(self) -> None:
         self._conn = await self._connect()
@@ -159,7 +162,10 @@ class SSHTransport(Transport):
         """One channel: the launcher lists the host's copy of the agent, that copy is made equal to this
         console's files (over SFTP, only when it differs), and the launcher becomes the agent."""
         assert self._conn is not None
-        files = agent_copy.manifest()
+        try:
+            files = agent_copy.manifest()
+        except vendored.VendorError as exc:
+            raise TransportError(f"{self.spec}: {exc}", transient=False) from None
         workdir = str(self.workdir) if self.workdir is not None else DEFAULT_WORKDIR
         command = agent_copy.launch_command(self.python, workdir, agent_copy.version_of(files))
         self._proc = await self._conn.create_process(command, encoding=None)
@@ -172,19 +178,51 @@ class SSHTransport(Transport):
             ) from None
         host = await self._listed(listing)
         repair = agent_copy.plan(files, host.tree) if host.found == "dir" else None
-        if repair is None or repair.needed:
+        py_spy = await self._py_spy_to_upload(host)
+        if repair is None or repair.needed or py_spy is not None:
             async with self._conn.start_sftp_client() as sftp:
-                if repair is not None:
-                    await agent_copy.repair(sftp, host.top, repair)
-                else:
+                if repair is None:
                     if host.found != "missing":  # a file or a link where the folder belongs
                         await sftp.remove(host.top.encode("utf-8", "surrogateescape"))
                     await agent_copy.upload(sftp, host.top)
+                elif repair.needed:
+                    await agent_copy.repair(sftp, host.top, repair)
+                if py_spy is not None:
+                    py_spy = await self._upload_py_spy(sftp, host, py_spy)
         if repair is not None and repair.needed:
             self.say(f"{self.spec}: the agent's files on the host had been altered ({repair.summary()}); restored them")
         elif host.found not in ("dir", "missing"):
             self.say(f"{self.spec}: {host.top} on the host was not a folder; the agent was uploaded again")
+        if py_spy is not None and host.tool != "missing":
+            self.say(f"{self.spec}: {host_py_spy.where(host.top)} on the host was not the pinned py-spy; replaced it")
         self._proc.stdin.write(agent_copy.GO)
+
+    async def _py_spy_to_upload(self, host: agent_copy.HostCopy) -> Path | None:
+        """The py-spy to put on a host that has none of its own and not the right one uploaded; when there is
+        none for it, why is said once and stack dumps there stay kernel-side."""
+        if host.py_spy is not None:
+            return None
+        try:
+            source, digest = await host_py_spy.binary(host.machine)
+        except host_py_spy.NoPySpy as exc:
+            self._say_no_py_spy(f"the host has no py-spy and {exc}")
+            return None
+        return None if host.tool == digest else source
+
+    async def _upload_py_spy(self, sftp: asyncssh.SFTPClient, host: agent_copy.HostCopy, source: Path) -> Path | None:
+        """py-spy put on the host; when it cannot be (say, bin/ is a file), that is said once and the agent
+        starts regardless, its stack dumps kernel-side. What was uploaded, or None."""
+        try:
+            await host_py_spy.upload(sftp, posixpath.dirname(host.top), source, host.tool)
+        except asyncssh.SFTPError as exc:
+            self._say_no_py_spy(f"py-spy could not be put in {host_py_spy.where(host.top)}: {_reason(exc)}")
+            return None
+        return source
+
+    def _say_no_py_spy(self, why: str) -> None:
+        if not self._said_no_py_spy:
+            self._said_no_py_spy = True
+            self.say(f"{self.spec}: {why}; stack dumps there show kernel-side facts only (install py-spy on the host)")
 
     async def _listed(self, line: bytes) -> agent_copy.HostCopy:
         """The launcher's listing, or why the launcher could not give one, said for a person."""

@@ -54,8 +54,8 @@ def workdir(tmp_path: Path) -> Iterator[Path]:
     """The run store of one test; whatever runs it started are killed afterwards, even when the test failed."""
     path = tmp_path / "work"
     yield path
-    from backends import runctl
-    from backends.runstore import RunStore
+    from backends.runs import control as runctl
+    from backends.runs.store import RunStore
 
     if (path / "runs").is_dir():
         for run in RunStore(path).all():
@@ -125,7 +125,7 @@ def wait_for(predicate: Callable[[], Any], timeout: float = 20.0, what: str = "c
 
 
 def run_state(workdir: Path, run_id: str) -> str:
-    from backends.runstore import RunStore
+    from backends.runs.store import RunStore
 
     return RunStore(workdir).get(run_id).state()
 

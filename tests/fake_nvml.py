@@ -7,7 +7,19 @@ a listed process counts only while its pid is alive and not a zombie; used
 memory is base_used_mib plus the live processes' mem_mib, so killing a process
 releases its memory; the driver's reserved_mib counts as used only in the v1
 memory call. `fail` names fields (of FIELDS) whose call raises NVMLError.
-Without $FAKE_NVML_STATE: 8 idle H200s.
+`host_processes` are listed as NVML lists processes inside a container: under
+pids of the host's pid namespace, so they count whatever this namespace holds
+under that number. Each GPU has a UUID (`gpu_uuid`) and, with `mig`, MIG devices
+with the UUIDs given. Without $FAKE_NVML_STATE: 8 idle H200s.
+
+Device nodes: free-gpus stops a listed process only while its GPU's device node
+is mapped into its memory, as a CUDA context's is (backends/host/gpunodes.py).
+There are no /dev/nvidiaN here, so the state's `dev_dir` names a folder of plain
+files standing in for them (`stand_in_nodes` makes it), and `eagle3_device_dir`
+hands that folder to the sampler, the seam gpunodes documents; pynvml has no such
+function, so a real host always uses /dev. A test's GPU holder maps
+`dev_dir`/nvidiaN (N being the GPU's minor number, which is its index here) with
+MAP_NODES, or is HOLDER itself.
 """
 
 from __future__ import annotations
@@ -23,8 +35,20 @@ STATE_ENV = "FAKE_NVML_STATE"
 NVML_TEMPERATURE_GPU = 0
 nvmlMemory_v2 = 0x02000028
 MIB = 1024 * 1024
-FIELDS = ("name", "util", "memory", "temperature", "power", "processes")
+FIELDS = ("name", "util", "memory", "temperature", "power", "processes", "minor")
 H200_MIB = 143771
+
+# Python that maps the stand-in nodes named by its arguments, as a CUDA context maps its GPU's node; the files
+# are closed again (the mappings stay), and `nodes` holds the mappings.
+MAP_NODES = (
+    "import mmap, sys\n"
+    "def _map(path):\n"
+    "    with open(path, 'rb') as node:\n"
+    "        return mmap.mmap(node.fileno(), 0, access=mmap.ACCESS_READ)\n"
+    "nodes = [_map(path) for path in sys.argv[1:]]\n"
+)
+# A GPU holder: maps the nodes named by its arguments, says "ready", sleeps (argv: python -c HOLDER NODE...).
+HOLDER = MAP_NODES + "import time\nprint('ready', flush=True)\ntime.sleep(60)\n"
 
 
 class NVMLError(Exception):
@@ -48,9 +72,11 @@ def gpu(
     temp_c: int = 30,
     power_w: float = 75.0,
     processes: Iterable[tuple[int, int | None]] = (),
+    host_processes: Iterable[tuple[int, int | None]] = (),
+    mig: Iterable[str] = (),
     fail: Iterable[str] = (),
 ) -> dict[str, Any]:
-    """One GPU of the state file; `processes` are (pid, mem_mib) pairs."""
+    """One GPU of the state file; `processes` and `host_processes` are (pid, mem_mib) pairs."""
     unknown = set(fail) - set(FIELDS)
     if unknown:
         raise ValueError(f"unknown fail field(s) {sorted(unknown)}; known: {FIELDS}")
@@ -63,17 +89,40 @@ def gpu(
         "reserved_mib": reserved_mib,
         "temp_c": temp_c,
         "power_w": power_w,
-        "processes": [{"pid": pid, "mem_mib": mem} for pid, mem in processes],
+        "processes": [{"pid": pid, "mem_mib": mem} for pid, mem in processes]
+        + [{"pid": pid, "mem_mib": mem, "host": True} for pid, mem in host_processes],
+        "mig": list(mig),
         "fail": list(fail),
     }
 
 
-def write_state(path: Path, gpus: list[dict[str, Any]], *, init_fails: bool = False, smi_fails: bool = False) -> Path:
-    """Write the state file atomically (readers in other processes never see half of it)."""
+def write_state(
+    path: Path,
+    gpus: list[dict[str, Any]],
+    *,
+    init_fails: bool = False,
+    smi_fails: bool = False,
+    dev_dir: Path | None = None,
+) -> Path:
+    """Write the state file atomically (readers in other processes never see half of it); `dev_dir` is the
+    folder of stand-in device nodes (`stand_in_nodes`), /dev without it."""
+    state = {"gpus": gpus, "init_fails": init_fails, "smi_fails": smi_fails}
+    if dev_dir is not None:
+        state["dev_dir"] = str(dev_dir)
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps({"gpus": gpus, "init_fails": init_fails, "smi_fails": smi_fails}))
+    tmp.write_text(json.dumps(state))
     os.replace(tmp, path)
     return path
+
+
+def stand_in_nodes(folder: Path, count: int = 8) -> Path:
+    """A folder of plain files named as a GPU host's device nodes (nvidia0.., nvidiactl, nvidia-uvm), one page
+    each so that they can be mapped, for `write_state(dev_dir=...)`; returned as the kernel names it (no
+    symlinks), as /proc/PID/maps does."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in [f"nvidia{index}" for index in range(count)] + ["nvidiactl", "nvidia-uvm"]:
+        (folder / name).write_bytes(bytes(4096))
+    return folder.resolve()
 
 
 def read_state() -> dict[str, Any]:
@@ -98,7 +147,7 @@ def pid_alive(pid: int) -> bool:
 
 
 def live_processes(entry: dict[str, Any]) -> list[dict[str, Any]]:
-    return [p for p in entry.get("processes", []) if pid_alive(p["pid"])]
+    return [p for p in entry.get("processes", []) if p.get("host") or pid_alive(p["pid"])]
 
 
 def used_mib(entry: dict[str, Any]) -> int:
@@ -115,6 +164,11 @@ def _gpu(handle: SimpleNamespace, field: str) -> dict[str, Any]:
     if field in entry.get("fail", []):
         raise NVMLError(f"{field}: Not Supported")
     return entry
+
+
+def eagle3_device_dir() -> str:
+    """The folder whose nvidia* files count as device nodes (see the module's docstring)."""
+    return str(read_state().get("dev_dir", "/dev"))
 
 
 def initialized() -> bool:
@@ -185,3 +239,30 @@ def nvmlDeviceGetComputeRunningProcesses(handle: SimpleNamespace) -> list[Simple
         SimpleNamespace(pid=p["pid"], usedGpuMemory=None if p["mem_mib"] is None else p["mem_mib"] * MIB)
         for p in live_processes(entry)
     ]
+
+
+def nvmlDeviceGetMinorNumber(handle: SimpleNamespace) -> int:
+    """N of the GPU's /dev/nvidiaN: its index here."""
+    _gpu(handle, "minor")
+    return int(handle.index)
+
+
+# MIG slots per GPU, as an H200's: slots without a MIG device raise NotFound.
+MAX_MIG_DEVICES = 7
+
+
+def nvmlDeviceGetUUID(handle: SimpleNamespace) -> str:
+    entry = _gpu(handle, "name")
+    mig = getattr(handle, "mig", None)
+    return gpu_uuid(handle.index) if mig is None else str(entry["mig"][mig])
+
+
+def nvmlDeviceGetMaxMigDeviceCount(handle: SimpleNamespace) -> int:
+    _gpu(handle, "name")
+    return MAX_MIG_DEVICES
+
+
+def nvmlDeviceGetMigDeviceHandleByIndex(handle: SimpleNamespace, slot: int) -> SimpleNamespace:
+    if slot >= len(_gpu(handle, "name").get("mig", [])):
+        raise NVMLError("Not Found")
+    return SimpleNamespace(index=handle.index, mig=slot)

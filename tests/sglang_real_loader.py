@@ -53,7 +53,7 @@ def _randomized_copy(draft: Path, tensors: dict[str, torch.Tensor], folder: Path
 
 
 def _load_with_sglang(folder: Path) -> Any:
-    from backends import sglang_runtime
+    from backends.sglang import runtime as sglang_runtime
 
     server_args = _sglang("server_args").ServerArgs(model_path=str(folder), device="cpu")
     sglang_runtime.start_one_rank(server_args, device="cpu")

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from backends import protocol
-from backends.runstore import RunStore
+from backends.runs.store import EVENTS, RunStore
 from console.client import AgentClient, AgentError
 from console.transport import LocalTransport
 from tests.conftest import run_state, wait_for
@@ -212,3 +212,23 @@ async def test_gpu_samples_stream_on_a_run_less_subscription(client: AgentClient
     assert all(m["stream"] == "gpus" and m["source"] == "nvml" for m in samples)
     assert samples[2]["t"] - samples[0]["t"] >= 0.3
     assert samples[0]["gpus"][0]["name"] == "NVIDIA H200"
+
+
+async def test_a_runs_events_are_read_from_an_offset_for_its_timeline(client: AgentClient, workdir: Path) -> None:
+    launched = await client.launch("command", [sys.executable, "-c", "print('done')"])
+    run = RunStore(workdir).get(launched["run"])
+    await asyncio.to_thread(wait_for, lambda: run.state() == "exited", 20, "the run to end")
+    first = await client.events(launched["run"])
+    assert [row["type"] for row in first["rows"]] == [e["type"] for e in run.events()]
+    assert "state" in [row["type"] for row in first["rows"]] and first["skipped"] == 0
+    with open(run.file(EVENTS), "a") as events:  # a torn or foreign line is counted, not fatal
+        events.write('["not", "an", "event"]\n{"t": 1.0, "type": "phase", "phase": "ready"}\n')
+    more = await client.events(launched["run"], offset=first["next_offset"])
+    assert more["rows"] == [{"t": 1.0, "type": "phase", "phase": "ready"}] and more["skipped"] == 1
+    with pytest.raises(AgentError, match="no run"):
+        await client.events("20990101-000000-000-dead")
+
+
+async def test_a_training_is_offered_no_serving_flags_to_relaunch_with(client: AgentClient) -> None:
+    launched = await client.launch("train", [sys.executable, "-c", "print('trained')"])
+    assert await client.relaunch_presets(launched["run"]) == {"version": None, "presets": []}

@@ -9,9 +9,9 @@ import sys
 from pathlib import Path
 
 from backends.protocol import GpuInfo, RunInfo
-from backends.runstore import RunDir, RunStore
+from backends.runs.store import RunDir, RunStore
 from tests.conftest import CLI, Spawn, launch, run_info, status, wait_for, wait_state
-from tests.fake_nvml import gpu, write_state
+from tests.fake_nvml import HOLDER, gpu, stand_in_nodes, write_state
 
 PRINTER = (
     "import sys, time, json, os\n"
@@ -75,7 +75,8 @@ def test_the_local_host_needs_no_ssh_library(workdir: Path, nvml_state: Path) ->
 
 
 def test_status_table_and_json_shape(cli: CLI) -> None:
-    run_id = launch(cli, "train", "--", sys.executable, "-c", "print('hi')")
+    row = "import json, os; open(os.environ['EAGLE3_METRICS_FILE'], 'a').write(json.dumps({'step': 7}) + '\\n')"
+    run_id = launch(cli, "train", "--", sys.executable, "-c", row)
     wait_state(cli, run_id, {"exited"})
     data = status(cli)
     assert set(data) >= {"host", "gpu_source", "runs", "gpus"}
@@ -85,6 +86,9 @@ def test_status_table_and_json_shape(cli: CLI) -> None:
     assert set(data["runs"][0]) == RunInfo.__required_keys__
     text = cli("status").stdout.decode()
     assert run_id in text and "exited" in text and "NVIDIA H200" in text
+    header, row_shown = next(line for line in text.splitlines() if line.startswith("RUN ")), text.split(run_id)[1]
+    assert data["runs"][0]["progress"] == {"step": 7}
+    assert row_shown[header.index("PHASE") - len(run_id) :].startswith("step 7")  # how far it got, as its rows say
 
 
 def test_status_shows_the_gpus_each_run_holds_and_how_busy_they_are(cli: CLI, nvml_state: Path) -> None:
@@ -284,11 +288,13 @@ def test_logs_follow_streams_until_the_run_ends(cli: CLI) -> None:
     assert result.stdout == b"".join(f"line {i}\n".encode() for i in range(5))
 
 
-def test_free_gpus_dry_run_then_for_real(cli: CLI, nvml_state: Path, spawn: Spawn) -> None:
-
-    holder = spawn()
+def test_free_gpus_dry_run_then_for_real(cli: CLI, nvml_state: Path, spawn: Spawn, tmp_path: Path) -> None:
+    nodes = stand_in_nodes(tmp_path / "dev")  # the NVML double's /dev/nvidiaN, which a GPU holder maps
+    holder = spawn([sys.executable, "-c", HOLDER, str(nodes / "nvidia0")], stdout=subprocess.PIPE)
+    assert holder.stdout is not None and holder.stdout.readline() == b"ready\n"
     state = json.loads(nvml_state.read_text())
     state["gpus"][0]["processes"] = [{"pid": holder.pid, "mem_mib": 4600}, {"pid": 1, "mem_mib": 100}]
+    state["dev_dir"] = str(nodes)
     nvml_state.write_text(json.dumps(state))
 
     plan = cli("free-gpus", "--dry-run")
@@ -310,16 +316,21 @@ def test_free_gpus_dry_run_then_for_real(cli: CLI, nvml_state: Path, spawn: Spaw
     holder.wait(timeout=5)
 
 
-def test_gpu_processes_are_attributed_to_their_run_and_freeing_them_kills_it(cli: CLI, nvml_state: Path) -> None:
+def test_gpu_processes_are_attributed_to_their_run_and_freeing_them_kills_it(
+    cli: CLI, nvml_state: Path, tmp_path: Path
+) -> None:
+    nodes = stand_in_nodes(tmp_path / "dev")
+    # The grandchild maps GPU 0's node (the double's stand-in) before it says its pid, as a CUDA context would.
     script = (
         "import subprocess, sys\n"
-        "p = subprocess.Popen([sys.executable, '-c', 'import time; print(1, flush=True); time.sleep(300)'])\n"
-        "print(p.pid, flush=True); p.wait()\n"
+        f"p = subprocess.Popen([sys.executable, '-c', {HOLDER!r}, sys.argv[1]], stdout=subprocess.PIPE)\n"
+        "p.stdout.readline(); print(p.pid, flush=True); p.wait()\n"
     )
-    run_id = launch(cli, "train", "--gpus", "0", "--", sys.executable, "-c", script)
+    run_id = launch(cli, "train", "--gpus", "0", "--", sys.executable, "-c", script, str(nodes / "nvidia0"))
     grandchild = int(wait_for(lambda: cli("logs", run_id).stdout.split(b"\n")[0], what="pid"))
     state = json.loads(nvml_state.read_text())
     state["gpus"][0]["processes"] = [{"pid": grandchild, "mem_mib": 2048}]
+    state["dev_dir"] = str(nodes)
     nvml_state.write_text(json.dumps(state))
     gpu = status(cli)["gpus"][0]
     assert gpu["processes"][0]["run_id"] == run_id

@@ -10,8 +10,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from backends.convert import ConvertError, convert, main
 from backends.doctor import diagnose
+from backends.doctor.convert import ConvertError, convert, main
 from tests.draft_fixtures import (
     AUX_IDS,
     DRAFT_VOCAB,
@@ -124,7 +124,7 @@ def test_paths_are_checked(tmp_path: Path) -> None:
 
 
 def test_failure_midway_leaves_no_dst(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import backends.convert as module
+    import backends.doctor.convert as module
 
     def boom(*args: object, **kwargs: object) -> None:
         raise OSError("disk full")

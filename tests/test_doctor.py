@@ -16,7 +16,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from backends.doctor import CODES, diagnose, main
+from backends.doctor import CODES, diagnose
+from backends.doctor.cli import main
 from backends.protocol import DoctorResult
 from tests.draft_fixtures import (
     AUX_IDS,
@@ -295,7 +296,7 @@ def test_cli_exit_codes_and_output(tmp_path: Path, capsys: pytest.CaptureFixture
 def test_cli_as_a_process_is_fast_and_imports_no_torch(tmp_path: Path) -> None:
     draft = good_draft(tmp_path / "draft")
     code = (
-        "import sys; from backends.doctor import main; rc = main(sys.argv[1:]); "
+        "import sys; from backends.doctor.cli import main; rc = main(sys.argv[1:]); "
         "assert 'torch' not in sys.modules, 'doctor imported torch'; sys.exit(rc)"
     )
     proc = subprocess.run(

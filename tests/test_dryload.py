@@ -20,10 +20,10 @@ import pytest
 import torch
 from torch import nn
 
-from backends import dryload
-from backends.doctor import main as doctor_main
-from backends.dryload import audit_load, dry_load
-from backends.preflight import full_diagnosis
+from backends.doctor import dryload
+from backends.doctor.cli import main as doctor_main
+from backends.doctor.dryload import audit_load, dry_load
+from backends.doctor.full import full_diagnosis
 from backends.protocol import Finding
 from tests.conftest import REPO
 from tests.draft_fixtures import HIDDEN, corrupt_header, good_draft
@@ -206,7 +206,7 @@ def _in_tier(python: Path, *argv: str) -> dict[str, Any]:
 
 
 # Every case's dry-load in one process of the tier: SGLang's import is most of a dry-load's time.
-OURS = "import json, sys; from pathlib import Path; from backends.dryload import run_in_process; " + (
+OURS = "import json, sys; from pathlib import Path; from backends.doctor.dryload import run_in_process; " + (
     "print(json.dumps({d: run_in_process(Path(d)) for d in sys.argv[1:]}))"
 )
 

@@ -19,7 +19,7 @@ from backends.eagle3_contract import read_manifest, read_shard
 from backends.extract import capture
 from backends.extract.cli import main
 from backends.extract.output import PROGRESS, sha256_file
-from backends.runstore import ENV_METRICS_FILE
+from backends.protocol import ENV_METRICS_FILE
 from tests.conftest import REPO
 
 CHATS: list[object] = [

@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from backends import sglang_facts
 from backends.eagle3_contract import read_manifest, read_shard
 from backends.extract.cli import main
 from backends.extract.sglang_capture import CPU_ENGINE_ENV
+from backends.sglang import facts as sglang_facts
 from tests.conftest import REPO
 
 

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from backends.runstore import RunSpec, RunStore
+from backends.runs.store import RunSpec, RunStore
 from console.client import AgentClient, AgentError, Subscription
 from console.transport import LocalTransport
 from console.tui.app import ConsoleApp

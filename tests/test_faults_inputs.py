@@ -18,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from backends.protocol import MIN_INTERVAL_S, ProtocolError, parse_request, request_line
-from backends.runstore import RunSpec, SpecError
+from backends.runs.store import RunSpec, SpecError
 from console import render
 from console.cli import watch_lines
 from console.client import AgentClient, AgentError
@@ -211,7 +211,8 @@ async def test_the_console_shows_a_hostile_name_escaped_and_not_as_markup(workdi
     async with app.run_test(size=(160, 50)) as pilot:
         table = app.query_one(RunsTable)
         await until(pilot, lambda: table.row_count == 1, what="the run's row")
-        assert str(table.get_row(run_id)[1]) == ESCAPED
+        cell = str(table.get_row(run_id)[1])  # escaped, and cut to its column (… says so)
+        assert cell == ESCAPED or (cell.endswith("…") and ESCAPED.startswith(cell[:-1]) and len(cell) > 8)
         await until(pilot, lambda: ESCAPED in str(app.query_one(RunDetail).render()), what="the detail panel")
         await pilot.press("q")
 

@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from textual.message import Message
 from textual.notifications import Notification, Notify
 
-from console.agent_copy import CACHE, GO, PARTIAL, Repair, backends_version, launch_command, manifest, plan
+from console.agent_copy import CACHE, GO, PARTIAL, Repair, backends_version, launch_command, manifest, plan, sources
 from tests.conftest import REPO, until
 from tests.sshd import ALIAS, Sshd
 from tests.test_ssh import console
@@ -68,10 +68,10 @@ def test_an_edited_agent_module_is_restored_before_the_agent_runs(sshd: Sshd, tm
 
 def test_a_deleted_agent_module_is_restored(sshd: Sshd, tmp_path: Path) -> None:
     top = uploaded(sshd, tmp_path / "work")
-    (top / "backends" / "runstore.py").unlink()
+    (top / "backends" / "runs" / "store.py").unlink()
     said = status_works(sshd, tmp_path / "work")
     assert_whole(top)
-    assert "missing: backends/runstore.py" in said
+    assert "missing: backends/runs/store.py" in said
 
 
 def test_an_emptied_agent_py_is_restored(sshd: Sshd, tmp_path: Path) -> None:
@@ -99,7 +99,7 @@ def test_modules_planted_in_the_agent_copy_are_removed(sshd: Sshd, tmp_path: Pat
 
 def test_a_module_replaced_by_a_link_is_a_plain_file_again(sshd: Sshd, tmp_path: Path) -> None:
     top = uploaded(sshd, tmp_path / "work")
-    module = top / "backends" / "gpus.py"
+    module = top / "backends" / "host" / "gpus.py"
     elsewhere = tmp_path / "gpus.py"  # same bytes today, anything tomorrow
     elsewhere.write_bytes(module.read_bytes())
     module.unlink()
@@ -107,7 +107,7 @@ def test_a_module_replaced_by_a_link_is_a_plain_file_again(sshd: Sshd, tmp_path:
     said = status_works(sshd, tmp_path / "work")
     assert not module.is_symlink()
     assert_whole(top)
-    assert "changed: backends/gpus.py" in said
+    assert "changed: backends/host/gpus.py" in said
 
 
 def test_the_agent_copy_is_private_to_its_owner(sshd: Sshd, tmp_path: Path) -> None:
@@ -138,7 +138,7 @@ def test_two_consoles_repairing_at_once_both_start_and_leave_one_whole_copy(sshd
         assert b"no runs yet" in out
     assert_whole(top)
     assert not [p for p in top.rglob("*") if p.name.startswith(PARTIAL)]  # no half-written file left behind
-    assert [p.name for p in (workdir / "agent").iterdir()] == [backends_version()]
+    assert sorted(p.name for p in (workdir / "agent").iterdir()) == sorted([backends_version(), "bin"])
 
 
 def test_the_console_says_when_it_repaired_the_agent_copy(
@@ -185,9 +185,9 @@ def test_nothing_in_the_remote_home_shadows_the_checked_agent(tmp_path: Path) ->
     for module in ("backends/__init__.py", "backends/agent.py", "json.py", "asyncio.py"):
         (home / module).write_text(plant)
     top = workdir / "agent" / backends_version()
-    for path in manifest():
+    for path, source in sources().items():
         (top / path).parent.mkdir(parents=True, exist_ok=True)
-        (top / path).write_bytes((REPO / path).read_bytes())
+        (top / path).write_bytes(source.read_bytes())
     hello = b'{"v": 1, "id": 1, "op": "hello", "args": {}}\n'
     done = subprocess.run(
         ["sh", "-c", launch_command(sys.executable, str(workdir), backends_version())],

@@ -1,4 +1,9 @@
-"""Freeing GPUs as a user sees it: real processes, real signals, memory released on the NVML double."""
+"""Freeing GPUs as a user sees it: real processes, real signals, memory released on the NVML double.
+
+Real: the processes, their signals, the files they hold open. The NVML double (tests/fake_nvml.py) lists the
+GPUs' processes and names a folder of plain files standing in for the GPUs' device nodes (/dev/nvidiaN): a
+GPU holder here maps its GPU's stand-in into its memory, as a CUDA context maps its node.
+"""
 
 from __future__ import annotations
 
@@ -9,18 +14,19 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from backends import procinfo
-from backends.freegpus import carry_out, free_gpus, plan_free
-from backends.gpus import GpuSampler
+from backends.host import procinfo
+from backends.host.freegpus import carry_out, free_gpus, plan_free
+from backends.host.gpus import GpuSampler
 from backends.protocol import ProtocolError
 from tests import fake_nvml
 from tests.conftest import Spawn
 from tests.fake_nvml import gpu, write_state
 
-STUBBORN = (
+STUBBORN = fake_nvml.MAP_NODES + (
     "import signal, sys, time\n"
     "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
     "print('ready', flush=True)\n"
@@ -43,13 +49,30 @@ def sampler(state: Path) -> Iterator[GpuSampler]:
         yield gpus
 
 
+@pytest.fixture
+def nodes(tmp_path: Path) -> Path:
+    """The stand-in device nodes the double's state names (`dev_dir`)."""
+    return fake_nvml.stand_in_nodes(tmp_path / "dev")
+
+
+def holding(spawn: Spawn, *held: Path, code: str = fake_nvml.HOLDER, **popen: Any) -> subprocess.Popen[bytes]:
+    """A child running `code` with the stand-in nodes `held` as arguments (HOLDER maps them for its whole life,
+    as a CUDA context maps its GPU's node), once it said it is ready."""
+    child = spawn([sys.executable, "-c", code, *map(str, held)], stdout=subprocess.PIPE, **popen)
+    assert child.stdout is not None
+    assert child.stdout.readline() == b"ready\n"
+    return child
+
+
 def alive(child: subprocess.Popen[bytes]) -> bool:
     return procinfo.identify(child.pid) is not None
 
 
-def test_dry_run_plans_the_kill_and_signals_nothing(state: Path, sampler: GpuSampler, spawn: Spawn) -> None:
-    trainer = spawn()
-    write_state(state, [gpu(base_used_mib=500, processes=[(trainer.pid, 4600)])])
+def test_dry_run_plans_the_kill_and_signals_nothing(
+    state: Path, sampler: GpuSampler, spawn: Spawn, nodes: Path
+) -> None:
+    trainer = holding(spawn, nodes / "nvidia0")
+    write_state(state, [gpu(base_used_mib=500, processes=[(trainer.pid, 4600)])], dev_dir=nodes)
     result = free_gpus(sampler, None, dry_run=True)
     time.sleep(0.2)
     assert alive(trainer)
@@ -61,10 +84,10 @@ def test_dry_run_plans_the_kill_and_signals_nothing(state: Path, sampler: GpuSam
 
 
 def test_our_process_is_killed_its_memory_freed_and_it_is_reaped(
-    state: Path, sampler: GpuSampler, spawn: Spawn
+    state: Path, sampler: GpuSampler, spawn: Spawn, nodes: Path
 ) -> None:
-    trainer = spawn()
-    write_state(state, [gpu(base_used_mib=500, processes=[(trainer.pid, 4600)])])
+    trainer = holding(spawn, nodes / "nvidia0")
+    write_state(state, [gpu(base_used_mib=500, processes=[(trainer.pid, 4600)])], dev_dir=nodes)
     started = time.monotonic()
     result = free_gpus(sampler, [0], dry_run=False, timeout=60, grace=30)
     assert time.monotonic() - started < 10  # SIGTERM sufficed: no waiting out the grace period
@@ -78,11 +101,11 @@ def test_our_process_is_killed_its_memory_freed_and_it_is_reaped(
         os.waitpid(trainer.pid, os.WNOHANG)
 
 
-def test_a_process_ignoring_sigterm_is_sigkilled_after_grace(state: Path, sampler: GpuSampler, spawn: Spawn) -> None:
-    stubborn = spawn([sys.executable, "-c", STUBBORN], stdout=subprocess.PIPE)
-    assert stubborn.stdout is not None
-    assert stubborn.stdout.readline() == b"ready\n"
-    write_state(state, [gpu(processes=[(stubborn.pid, 8000)])])
+def test_a_process_ignoring_sigterm_is_sigkilled_after_grace(
+    state: Path, sampler: GpuSampler, spawn: Spawn, nodes: Path
+) -> None:
+    stubborn = holding(spawn, nodes / "nvidia0", code=STUBBORN)
+    write_state(state, [gpu(processes=[(stubborn.pid, 8000)])], dev_dir=nodes)
     started = time.monotonic()
     result = free_gpus(sampler, None, dry_run=False, timeout=60, grace=0.5)
     elapsed = time.monotonic() - started
@@ -94,12 +117,10 @@ def test_a_process_ignoring_sigterm_is_sigkilled_after_grace(state: Path, sample
 
 
 def test_a_process_surviving_the_timeout_is_reported_still_holding(
-    state: Path, sampler: GpuSampler, spawn: Spawn
+    state: Path, sampler: GpuSampler, spawn: Spawn, nodes: Path
 ) -> None:
-    stubborn = spawn([sys.executable, "-c", STUBBORN], stdout=subprocess.PIPE)
-    assert stubborn.stdout is not None
-    assert stubborn.stdout.readline() == b"ready\n"
-    write_state(state, [gpu(base_used_mib=10, processes=[(stubborn.pid, 8000)])])
+    stubborn = holding(spawn, nodes / "nvidia0", code=STUBBORN)
+    write_state(state, [gpu(base_used_mib=10, processes=[(stubborn.pid, 8000)])], dev_dir=nodes)
     # grace == timeout: no time is left for SIGKILL to be sent and waited on.
     result = free_gpus(sampler, None, dry_run=False, timeout=0.3, grace=10)
     (report,) = result["gpus"]
@@ -109,9 +130,9 @@ def test_a_process_surviving_the_timeout_is_reported_still_holding(
     assert report["freed_mib"] == 0
 
 
-def test_a_recycled_pid_is_never_signalled(state: Path, sampler: GpuSampler, spawn: Spawn) -> None:
-    newcomer = spawn()
-    write_state(state, [gpu(processes=[(newcomer.pid, 4600)])])
+def test_a_recycled_pid_is_never_signalled(state: Path, sampler: GpuSampler, spawn: Spawn, nodes: Path) -> None:
+    newcomer = holding(spawn, nodes / "nvidia0")
+    write_state(state, [gpu(processes=[(newcomer.pid, 4600)])], dev_dir=nodes)
     plan = plan_free(sampler, None)
     (planned,) = plan.processes
     assert planned.ident is not None and planned.skip is None
@@ -146,11 +167,11 @@ def someone_elses_process(spawn: Spawn) -> tuple[int, str | None]:
 
 
 def test_another_users_process_is_skipped_and_listed_as_still_held(
-    state: Path, sampler: GpuSampler, spawn: Spawn
+    state: Path, sampler: GpuSampler, spawn: Spawn, nodes: Path
 ) -> None:
     pid, user = someone_elses_process(spawn)
-    ours = spawn()
-    write_state(state, [gpu(base_used_mib=0, processes=[(pid, 30000), (ours.pid, 1000)])])
+    ours = holding(spawn, nodes / "nvidia0")
+    write_state(state, [gpu(base_used_mib=0, processes=[(pid, 30000), (ours.pid, 1000)])], dev_dir=nodes)
     result = free_gpus(sampler, None, dry_run=False, timeout=5, grace=1)
     assert procinfo.identify(pid) is not None
     (report,) = result["gpus"]
@@ -165,9 +186,9 @@ def test_another_users_process_is_skipped_and_listed_as_still_held(
     assert report["freed_mib"] == 1000
 
 
-def test_only_the_chosen_gpus_are_touched(state: Path, sampler: GpuSampler, spawn: Spawn) -> None:
-    on_0, on_1 = spawn(), spawn()
-    write_state(state, [gpu(processes=[(on_0.pid, 100)]), gpu(processes=[(on_1.pid, 200)])])
+def test_only_the_chosen_gpus_are_touched(state: Path, sampler: GpuSampler, spawn: Spawn, nodes: Path) -> None:
+    on_0, on_1 = holding(spawn, nodes / "nvidia0"), holding(spawn, nodes / "nvidia1")
+    write_state(state, [gpu(processes=[(on_0.pid, 100)]), gpu(processes=[(on_1.pid, 200)])], dev_dir=nodes)
     result = free_gpus(sampler, [1], dry_run=False, timeout=5, grace=1)
     assert [r["index"] for r in result["gpus"]] == [1]
     assert alive(on_0) and not alive(on_1)
@@ -183,9 +204,9 @@ def test_an_unknown_gpu_index_is_refused(state: Path, sampler: GpuSampler, spawn
     assert alive(child)
 
 
-def test_the_dry_run_lists_what_would_stay(state: Path, sampler: GpuSampler, spawn: Spawn) -> None:
-    ours = spawn()
-    write_state(state, [gpu(processes=[(ours.pid, 100), (1, 50)])])
+def test_the_dry_run_lists_what_would_stay(state: Path, sampler: GpuSampler, spawn: Spawn, nodes: Path) -> None:
+    ours = holding(spawn, nodes / "nvidia0")
+    write_state(state, [gpu(processes=[(ours.pid, 100), (1, 50)])], dev_dir=nodes)
     (report,) = free_gpus(sampler, None, dry_run=True)["gpus"]
     assert [(p["pid"], p["action"]) for p in report["still_held"]] == [
         (1, "skip: protected (pid 1, the agent or the console)")
@@ -194,12 +215,123 @@ def test_the_dry_run_lists_what_would_stay(state: Path, sampler: GpuSampler, spa
 
 
 def test_a_process_on_two_gpus_is_killed_once_and_both_are_freed(
-    state: Path, sampler: GpuSampler, spawn: Spawn
+    state: Path, sampler: GpuSampler, spawn: Spawn, nodes: Path
 ) -> None:
-    tensor_parallel = spawn()
-    write_state(state, [gpu(processes=[(tensor_parallel.pid, 70000)]), gpu(processes=[(tensor_parallel.pid, 70000)])])
+    tensor_parallel = holding(spawn, nodes / "nvidia0", nodes / "nvidia1")
+    write_state(
+        state,
+        [gpu(processes=[(tensor_parallel.pid, 70000)]), gpu(processes=[(tensor_parallel.pid, 70000)])],
+        dev_dir=nodes,
+    )
     result = free_gpus(sampler, None, dry_run=False, timeout=5, grace=1)
     assert [(r["freed_mib"], [p["action"] for p in r["processes"]]) for r in result["gpus"]] == [
         (70000, ["killed"]),
         (70000, ["killed"]),
     ]
+
+
+NO_NODE = "does not hold an NVIDIA device here (no CUDA context mapping {node}): "
+IN_A_CONTAINER = "NVML's pid is likely from another pid namespace (a container?)"
+
+
+def test_a_listed_process_that_holds_no_gpu_node_is_never_signalled_and_the_report_says_why(
+    state: Path, sampler: GpuSampler, spawn: Spawn, nodes: Path
+) -> None:
+    # NVML lists both; only `holder` holds GPU 0's node. `bystander` is any process of ours whose pid NVML
+    # happens to list (inside a container: a host pid with its number).
+    bystander, holder = spawn(), holding(spawn, nodes / "nvidia0")
+    write_state(state, [gpu(base_used_mib=100, processes=[(bystander.pid, 4000), (holder.pid, 1000)])], dev_dir=nodes)
+    planned = free_gpus(sampler, None, dry_run=True)["gpus"][0]["processes"]
+    why = f"skip: {NO_NODE.format(node=nodes / 'nvidia0')}{IN_A_CONTAINER}"
+    assert [(p["pid"], p["action"]) for p in planned] == [(bystander.pid, why), (holder.pid, "kill")]
+    (report,) = free_gpus(sampler, None, dry_run=False, timeout=5, grace=1)["gpus"]
+    assert alive(bystander)  # a SIGTERM or SIGKILL would have ended it
+    assert {p["pid"]: p["action"] for p in report["processes"]} == {bystander.pid: why, holder.pid: "killed"}
+    # Held by someone unknown: the user of the pid here is not the GPU holder's.
+    (held,) = report["still_held"]
+    assert (held["pid"], held["user"], held["run_id"], held["mem_mib"]) == (bystander.pid, None, None, 4000)
+    assert report["freed_mib"] == 1000
+
+
+# As an NVML monitor or nvidia-smi: GPU 0's node and the driver's open, only the driver's control node mapped.
+MONITOR = (
+    "import mmap, sys, time\n"
+    "files = [open(path, 'rb') for path in sys.argv[1:]]\n"
+    "control = mmap.mmap(files[1].fileno(), 0, access=mmap.ACCESS_READ)\n"
+    "print('ready', flush=True)\n"
+    "time.sleep(60)\n"
+)
+
+
+def test_only_a_cuda_context_on_the_gpus_own_node_counts_and_any_gpus_node_without_a_minor_number(
+    state: Path, sampler: GpuSampler, spawn: Spawn, nodes: Path
+) -> None:
+    on_1 = holding(spawn, nodes / "nvidia1", nodes / "nvidiactl", nodes / "nvidia-uvm")
+    monitor = holding(spawn, nodes / "nvidia0", nodes / "nvidiactl", nodes / "nvidia-uvm", code=MONITOR)
+    write_state(state, [gpu(processes=[(on_1.pid, 100), (monitor.pid, 10)])], dev_dir=nodes)
+    actions = [p["action"] for p in free_gpus(sampler, None, dry_run=True)["gpus"][0]["processes"]]
+    assert actions == [f"skip: {NO_NODE.format(node=nodes / 'nvidia0')}{IN_A_CONTAINER}"] * 2
+    # Without GPU 0's minor number, some GPU's node mapped is the proof; the driver's control node never is.
+    write_state(state, [gpu(processes=[(on_1.pid, 100), (monitor.pid, 10)], fail=["minor"])], dev_dir=nodes)
+    (report,) = free_gpus(sampler, None, dry_run=False, timeout=5, grace=1)["gpus"]
+    assert [p["action"] for p in report["processes"]] == [
+        "killed",
+        f"skip: {NO_NODE.format(node=nodes / 'nvidiaN')}{IN_A_CONTAINER}",
+    ]
+    assert not alive(on_1) and alive(monitor)
+
+
+def test_nodes_are_looked_for_in_dev_unless_the_nvml_module_names_another_folder(
+    state: Path, sampler: GpuSampler, nodes: Path
+) -> None:
+    write_state(state, [gpu(), gpu()])
+    assert str(sampler.gpu_node(1)) == "/dev/nvidia1"
+    write_state(state, [gpu(), gpu(fail=["minor"])], dev_dir=nodes)
+    assert (str(sampler.gpu_node(0)), str(sampler.gpu_node(1))) == (f"{nodes}/nvidia0", f"{nodes}/nvidiaN")
+
+
+# Maps GPU 0's node, and unmaps it (living on) on SIGTERM or when told to on stdin.
+LETS_GO = fake_nvml.MAP_NODES + (
+    "import signal, time\n"
+    "signal.signal(signal.SIGTERM, lambda *_: nodes[0].close())\n"
+    "print('ready', flush=True)\n"
+    "sys.stdin.readline()\n"
+    "nodes[0].close()\n"
+    "print('let go', flush=True)\n"
+    "time.sleep(60)\n"
+)
+
+
+def mapped(child: subprocess.Popen[bytes], node: Path) -> bool:
+    return str(node) in (procinfo.mapped_files(child.pid) or set())
+
+
+def test_a_process_that_let_go_of_its_node_after_the_plan_is_not_signalled(
+    state: Path, sampler: GpuSampler, spawn: Spawn, nodes: Path
+) -> None:
+    child = holding(spawn, nodes / "nvidia0", code=LETS_GO, stdin=subprocess.PIPE)
+    assert child.stdin is not None and child.stdout is not None
+    write_state(state, [gpu(processes=[(child.pid, 4600)])], dev_dir=nodes)
+    plan = plan_free(sampler, None)
+    assert [p.skip for p in plan.processes] == [None]
+    child.stdin.write(b"now\n")
+    child.stdin.flush()
+    assert child.stdout.readline() == b"let go\n"
+    (report,) = carry_out(plan, sampler, timeout=1, grace=0.2)["gpus"]
+    assert alive(child)
+    assert [p["action"] for p in report["processes"]] == [
+        f"skip: {NO_NODE.format(node=nodes / 'nvidia0')}{IN_A_CONTAINER}"
+    ]
+
+
+def test_sigkill_is_not_sent_to_a_process_that_let_go_of_its_node_on_sigterm(
+    state: Path, sampler: GpuSampler, spawn: Spawn, nodes: Path
+) -> None:
+    # SIGTERM finds it holding GPU 0's node; it unmaps the node and lives on, so at the grace's end it is no
+    # longer proven to be the GPU's holder and SIGKILL is not sent.
+    child = holding(spawn, nodes / "nvidia0", code=LETS_GO, stdin=subprocess.PIPE)
+    assert mapped(child, nodes / "nvidia0")
+    write_state(state, [gpu(processes=[(child.pid, 4600)])], dev_dir=nodes)
+    (report,) = free_gpus(sampler, None, dry_run=False, timeout=2, grace=0.5)["gpus"]
+    assert alive(child) and not mapped(child, nodes / "nvidia0")
+    assert [p["action"] for p in report["processes"]] == ["survived"]

@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from backends import procinfo
-from backends.gpus import SMI_APP_FIELDS, SMI_GPU_FIELDS, GpuSampler, parse_smi_apps, parse_smi_gpus
+from backends.host import procinfo
+from backends.host.gpus import SMI_APP_FIELDS, SMI_GPU_FIELDS, GpuSampler, parse_smi_apps, parse_smi_gpus
 from tests import fake_nvml
 from tests.conftest import Spawn
 from tests.fake_nvml import gpu, write_state

@@ -18,15 +18,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from backends.metrics_sources import (
+from backends.protocol import parse_source
+from backends.runs.metrics_sources import (
     LINE_SOURCES,
     LineParser,
     MetricsFollower,
     canonical_name,
-    parse_source,
     parse_text,
 )
-from backends.runstore import EVENTS, EXIT, METRICS, METRICS_SOURCE, OUTPUT, RunDir, RunSpec, RunStore, SpecError
+from backends.runs.store import EVENTS, EXIT, METRICS, METRICS_SOURCE, OUTPUT, RunDir, RunSpec, RunStore, SpecError
 from tests.conftest import REPO, wait_for
 
 
@@ -763,7 +763,7 @@ def test_supervisor_turns_specforge_output_into_rows(tmp_path: Path) -> None:
     spec = RunSpec(kind="train", argv=[sys.executable, "-c", TRAINER], metrics_from="specforge", cwd=str(tmp_path))
     run = RunStore(tmp_path / "work").create(spec)
     done = subprocess.run(
-        [sys.executable, "-m", "backends.supervise", str(run.path)],
+        [sys.executable, "-m", "backends.runs.supervise", str(run.path)],
         cwd=REPO,
         capture_output=True,
         timeout=30,

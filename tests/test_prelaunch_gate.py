@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from backends.runstore import RunDir
+from backends.runs.store import RunDir
 from console.client import AgentClient, AgentError
 from tests.conftest import CLI
 from tests.draft_fixtures import HIDDEN, good_draft, write_target

@@ -9,6 +9,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -16,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from backends import procinfo
-from backends.procinfo import ProcIdentity
+from backends.host import procinfo
+from backends.host.procinfo import ProcIdentity
 
 Spawn = Callable[..., "subprocess.Popen[bytes]"]
 
@@ -201,6 +202,49 @@ def test_signal_if_ours_refuses_a_mismatched_identity(spawn: Spawn) -> None:
     time.sleep(0.1)
     assert proc.poll() is None, "the process behind a reused pid must keep living"
     assert procinfo.is_alive(ident)
+
+
+def test_signal_if_ours_sends_nothing_when_the_proof_fails_and_says_why(spawn: Spawn) -> None:
+    proc = spawn(["sleep", "30"])
+    asked: list[int] = []
+
+    def proof(pid: int) -> str | None:
+        asked.append(pid)
+        return "not the one meant"
+
+    assert procinfo.signal_if_ours(identity(proc.pid), signal.SIGTERM, proof) == "not the one meant"
+    assert asked == [proc.pid]
+    assert proc.poll() is None, "a process that failed the proof must keep living"
+    assert procinfo.signal_if_ours(identity(proc.pid), signal.SIGTERM, lambda pid: None) is None
+    assert proc.wait(timeout=5) == -signal.SIGTERM
+
+
+# --- mapped files ---------------------------------------------------------------------------------
+
+
+MAPS = (
+    "import mmap, sys, time\n"
+    "with open(sys.argv[1], 'rb') as mapped:\n"
+    "    memory = mmap.mmap(mapped.fileno(), 0, access=mmap.ACCESS_READ)\n"
+    "only_open = open(sys.argv[2], 'rb')\n"
+    "print('ready', flush=True)\n"
+    "time.sleep(30)\n"
+)
+
+
+def test_mapped_files_are_those_in_a_processs_memory_not_those_it_has_open(tmp_path: Path, spawn: Spawn) -> None:
+    mapped, only_open = tmp_path / "mapped file", tmp_path / "open"  # a path with a space, as maps prints it
+    for path in (mapped, only_open):
+        path.write_bytes(bytes(4096))
+    proc = spawn([sys.executable, "-c", MAPS, str(mapped), str(only_open)], stdout=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stdout.readline() == b"ready\n"
+    files = procinfo.mapped_files(proc.pid)
+    assert files is not None
+    assert str(mapped.resolve()) in files and str(only_open.resolve()) not in files
+    assert sys.executable in files or os.path.realpath(sys.executable) in files  # the interpreter is mapped too
+    proc.kill()
+    proc.wait(timeout=5)
+    assert procinfo.mapped_files(proc.pid) is None  # gone
 
 
 # --- process trees and groups -------------------------------------------------------------------

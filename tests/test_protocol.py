@@ -240,6 +240,7 @@ def test_defaults_are_filled() -> None:
         "health_url": None,
         "stall_after": None,
         "module": None,
+        "python": None,
         "nproc": None,
         "metrics_from": None,
         "force": False,

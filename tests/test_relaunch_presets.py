@@ -41,7 +41,7 @@ async def test_the_relaunch_dialog_offers_the_runs_sglang_spelling_and_its_previ
 ) -> None:
     argv = [sys.executable, "-m", "sglang.launch_server", "--model-path", "/nowhere"]
     async with AgentClient(LocalTransport(workdir)) as client:
-        launched = await client.request("launch", kind="serve", argv=argv, env={"PYTHONPATH": PARSER_PATH}, name="srv")
+        launched = await client.launch("serve", argv, env={"PYTHONPATH": str(PARSER_PATH)}, name="srv")
     async with console_on(LocalTransport(workdir), launched["run"]) as (app, pilot):
         await pilot.press("r")
         dialog = await until(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from console import render
 from console.render import LiveTable, status_text
 
 
@@ -32,3 +33,10 @@ def test_status_without_gpus_says_why() -> None:
         {"host": "h", "gpu_source": "none", "gpu_error": "NVML unavailable", "runs": [], "gpus": [], "problems": []}
     )
     assert "no runs yet" in text and "GPUs: none found (source: none)\nNVML unavailable" in text
+
+
+def test_a_serve_runs_metric_rows_show_their_time_of_day_not_seconds_since_1970() -> None:
+    at = 1796099904.5
+    text = render.metrics_table([{"t": at, "accept_len": 3.0}, {"t": at + 5, "accept_len": 3.5}])
+    assert text.splitlines()[1].split()[:3] == [*render.clock(at).split(), "3"]
+    assert "e+09" not in text

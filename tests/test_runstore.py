@@ -22,8 +22,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from backends import procinfo, runstore
-from backends.runstore import (
+from backends.fileio import append_jsonl, atomic_write_bytes, atomic_write_json, read_json, read_jsonl
+from backends.host import procinfo
+from backends.runs import store as runstore
+from backends.runs.store import (
     EVENTS,
     EXIT,
     METRICS,
@@ -38,13 +40,8 @@ from backends.runstore import (
     RunStore,
     SpecError,
     StoreError,
-    append_jsonl,
-    atomic_write_bytes,
-    atomic_write_json,
     derive_state,
     new_run_id,
-    read_json,
-    read_jsonl,
 )
 
 Y2000 = 946_684_800.0
@@ -687,3 +684,43 @@ def test_state_is_not_lost_when_exit_json_lands_during_the_check(
 
     monkeypatch.setattr(procinfo, "is_alive", is_alive_while_supervisor_finishes)
     assert derive_state(run) == "exited"
+
+
+# --- progress: how far a training got, for the status of every run ---------------------------------
+
+
+@settings(max_examples=40, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    steps=st.integers(min_value=1, max_value=3000),
+    eval_every=st.integers(min_value=1, max_value=500),
+    torn=st.booleans(),
+)
+def test_a_runs_progress_is_its_last_step_however_long_its_metrics(
+    tmp_path: Path, steps: int, eval_every: int, torn: bool
+) -> None:
+    run = make_run(RunStore(tmp_path / f"{steps}-{eval_every}-{torn}"), new_run_id(), train_spec().to_json())
+    with open(run.file(METRICS), "w") as rows:
+        for step in range(1, steps + 1):
+            rows.write(json.dumps({"step": step, "loss": 1.0, "acc_0": 0.5, "acc_1": 0.4}) + "\n")
+            if step % eval_every == 0:
+                rows.write(json.dumps({"step": step, "val_loss": 2.0}) + "\n")
+        if torn:  # a row being written as the status is read
+            rows.write('{"step": 99999, "lo')
+    assert run.progress() == {"step": steps}
+    assert run.info()["progress"] == {"step": steps}
+
+
+def test_an_extractions_progress_names_its_shard_and_its_own_eta(tmp_path: Path) -> None:
+    spec = RunSpec(kind="extract", argv=["python", "-m", "backends.extract"]).to_json()
+    run = make_run(RunStore(tmp_path), new_run_id(), spec)
+    assert run.info()["progress"] is None  # no row yet
+    append_jsonl(run.file(METRICS), {"shard": 2, "samples": 512, "eta_s": 40.5})
+    append_jsonl(run.file(METRICS), ["not", "a", "row"])
+    assert run.info()["progress"] == {"shard": 2, "eta_s": 40.5}
+
+
+def test_a_command_run_has_no_progress_even_with_rows(tmp_path: Path) -> None:
+    spec = RunSpec(kind="command", argv=["python", "job.py"]).to_json()
+    run = make_run(RunStore(tmp_path), new_run_id(), spec)
+    append_jsonl(run.file(METRICS), {"step": 3})
+    assert run.info()["progress"] is None

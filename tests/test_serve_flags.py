@@ -16,8 +16,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from backends import serve_flags
-from backends.runstore import RunDir
+from backends.runs.store import RunDir
+from backends.sglang import flags as serve_flags
 from console.client import AgentClient
 from tests.conftest import CLI, wait_state
 
@@ -69,12 +69,35 @@ def test_sglangs_parser_refuses_ambiguous_unknown_and_malformed_flags_with_its_o
         assert words in finding["message"]
 
 
-def test_an_interpreter_without_sglang_is_reported_as_unchecked_not_refused(tmp_path: Path) -> None:
+def test_an_interpreter_without_sglang_or_no_interpreter_at_all_is_refused_with_what_to_do(tmp_path: Path) -> None:
+    finding = serve_flags.check([*SERVER, "--anything"], {"PYTHONPATH": str(tmp_path)})
+    assert finding is not None and finding["severity"] == "error" and finding["code"] == "launch-python"
+    assert finding["message"] == f"{sys.executable} has no SGLang (No module named 'sglang')"
+    assert finding["fix"] is not None and "--python PATH" in finding["fix"]
+    missing = serve_flags.check([str(tmp_path / "python3"), "-m", "sglang.launch_server"])
+    assert (
+        missing is not None and missing["severity"] == "error" and "is not a Python on the host" in missing["message"]
+    )
+
+
+def test_an_sglang_whose_parser_cannot_be_imported_is_reported_as_unchecked_not_refused(tmp_path: Path) -> None:
+    (tmp_path / "sglang").mkdir()
+    (tmp_path / "sglang" / "__init__.py").write_text("")  # SGLang, but not one with server arguments
     finding = serve_flags.check([*SERVER, "--anything"], {"PYTHONPATH": str(tmp_path)})
     assert finding is not None and finding["severity"] == "info" and finding["code"] == "launch-flags-unchecked"
     assert "cannot import SGLang's server arguments" in finding["message"]
-    missing = serve_flags.check([str(tmp_path / "python3"), "-m", "sglang.launch_server"])
-    assert missing is not None and missing["severity"] == "info" and "could not run" in missing["message"]
+
+
+def test_a_serve_launch_with_a_python_lacking_sglang_starts_nothing_and_says_what_to_do(
+    cli: CLI, workdir: Path, tmp_path: Path
+) -> None:
+    refused = cli("serve", "/models/target", "/models/draft", "--python", sys.executable)
+    assert refused.returncode == 1
+    assert refused.stderr.decode().splitlines(keepends=True)[-1] == (
+        f"eagle3-console: {sys.executable} has no SGLang (No module named 'sglang'); "
+        "give --python PATH, the host's Python that has SGLang (or launch with --force)\n"
+    )
+    assert runs(workdir) == []
 
 
 def test_a_verdict_is_reused_until_sglangs_parser_changes(tmp_path: Path) -> None:
@@ -126,7 +149,8 @@ def test_a_launch_with_a_flag_sglang_refuses_starts_nothing_unless_forced(cli: C
     assert refused.returncode == 1
     assert refused.stderr.decode() == (
         "eagle3-console: SGLang's argument parser refuses this command line: "
-        "unrecognized arguments: --disable-cuda-graphs; fix it, or launch with --force\n"
+        "unrecognized arguments: --disable-cuda-graphs; correct the flag (SGLang would exit at once); "
+        "launch with --force to start anyway\n"
     )
     assert runs(workdir) == []
     forced = cli("launch", "serve", "--force", *parser_env(), "--", *bad)
@@ -157,7 +181,7 @@ def test_a_relaunch_onto_a_flag_sglang_refuses_is_refused_and_a_valid_one_goes_a
 async def test_the_console_can_ask_sglangs_verdict_before_launching(client: AgentClient, tmp_path: Path) -> None:
     argv = [*SERVER, "--model-path", "m", "--disable-cuda-graphs"]
     without = await client.request("preflight", kind="serve", argv=argv, env={"PYTHONPATH": str(tmp_path)})
-    assert without["flags"]["code"] == "launch-flags-unchecked" and without["doctor"] is None
+    assert without["flags"]["code"] == "launch-python" and without["doctor"] is None
     assert await client.request("preflight", kind="train", argv=argv) == {"flags": None, "doctor": None}
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import select
 import subprocess
 import sys
 from pathlib import Path
@@ -21,7 +22,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from backends import sglang_log
+from backends.sglang import log as sglang_log
 from tests.conftest import CLI, free_port, launch, wait_state
 
 PARSER_PATH = os.environ.get("EAGLE3_SGLANG_PARSER_PATH")
@@ -167,9 +168,13 @@ def test_a_server_that_raises_is_failed_with_its_exception_in_status_watch_and_w
     watching = subprocess.Popen(
         [sys.executable, "-m", "console", "--workdir", str(workdir), "local", "watch", "--interval", "0.2"],
         stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
     )
     try:
+        # Launched once the watch has had its first look: a change before it would be its starting point.
+        said = watching.stderr
+        assert said is not None and select.select([said], [], [], 60)[0], "the watch never started"
+        assert b"watching" in said.readline()
         run_id = serve(cli, sys.executable, "-c", script)
         info = wait_state(cli, run_id, {"failed"})
     finally:

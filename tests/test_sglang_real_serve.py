@@ -21,8 +21,8 @@ from pathlib import Path
 from hypothesis import given
 from hypothesis import strategies as st
 
-from backends import sglang_log
-from backends.runstore import ENV_RUN_ID, RunDir
+from backends.runs.store import ENV_RUN_ID, RunDir
+from backends.sglang import log as sglang_log
 from tests.conftest import CLI, free_port, launch, run_info, wait_for, wait_state
 
 OUTPUT = Path(__file__).parent / "sglang_output"

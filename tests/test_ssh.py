@@ -33,9 +33,10 @@ PRINTER = "import sys\nprint('hello from the host')\nsys.stdout.write('progress 
 def console(
     sshd: Sshd, host: str, workdir: Path, *args: str, home: Path | None = None
 ) -> subprocess.CompletedProcess[str]:
-    """The CLI as a user runs it; output decoded with its carriage returns kept (logs are byte-exact)."""
+    """The CLI as a user runs it; output decoded with its carriage returns kept (logs are byte-exact). Each
+    command connects afresh (--no-reuse): these tests are about what one connection does; reuse has its own."""
     done = subprocess.run(
-        [sys.executable, "-m", "console", "--workdir", str(workdir), host, *args],
+        [sys.executable, "-m", "console", "--no-reuse", "--workdir", str(workdir), host, *args],
         cwd=REPO,
         env=sshd.env(home),
         capture_output=True,
@@ -98,7 +99,8 @@ def test_the_agent_is_uploaded_once_per_version_and_then_reused(sshd: Sshd, tmp_
     assert set(uploaded) == local
     assert console(sshd, ALIAS, workdir, "status").returncode == 0
     assert {p.relative_to(agent): p.stat().st_mtime_ns for p in agent.rglob("*.py")} == uploaded
-    assert [p.name for p in (workdir / "agent").iterdir()] == [backends_version()]  # no staging left behind
+    # No staging left behind; bin/ holds the py-spy uploaded for this host, which has none of its own.
+    assert sorted(p.name for p in (workdir / "agent").iterdir()) == sorted([backends_version(), "bin"])
 
 
 def fingerprint(public_key: str) -> str:
@@ -326,6 +328,6 @@ async def test_the_console_over_ssh_shows_the_hosts_runs(
     app = ConsoleApp(SSHTransport(ALIAS, workdir))
     async with app.run_test(size=(160, 50)) as pilot:
         await until(pilot, lambda: app.query_one(RunsTable).selected_run() == run_id, what="the host's run")
-        assert app.sub_title == ALIAS and app.runs[run_id]["name"] == "on-host"
+        assert app.sub_title.startswith(f"{ALIAS}  ·  ") and app.runs[run_id]["name"] == "on-host"
         await pilot.press("q")
     console(sshd, "local", workdir, "kill", run_id, "--grace", "1")

@@ -12,15 +12,17 @@ import pytest
 from textual.message import Message
 from textual.notifications import Notification, Notify
 from textual.pilot import Pilot
-from textual.widgets import HelpPanel, RichLog, Static
+from textual.widgets import Static
 
-from backends import procinfo
+from backends.host import procinfo
 from console.client import AgentClient
 from console.transport import LocalTransport
 from console.tui.app import ConsoleApp
-from console.tui.chart import LineChart, braille_rows, downsample
-from console.tui.dialogs import ConfirmScreen, RelaunchScreen, TextScreen
-from console.tui.panels import GpuPanel, RunDetail, RunsTable
+from console.tui.chart import ChartsPanel
+from console.tui.dialogs import ConfirmScreen, HelpScreen, RelaunchScreen, TextScreen
+from console.tui.gpu_panel import GpuPanel
+from console.tui.log import TailLog
+from console.tui.panels import RunDetail, RunsTable
 from tests.conftest import free_port, until
 from tests.fake_nvml import gpu, write_state
 
@@ -37,8 +39,8 @@ TRAINER = (
 
 async def launch(workdir: Path, argv: list[str], kind: str = "command", name: str = "job") -> str:
     async with AgentClient(LocalTransport(workdir)) as client:
-        result = await client.request("launch", kind=kind, argv=argv, name=name)
-    return str(result["run"])
+        result = await client.launch(kind, argv, name=name)
+    return result["run"]
 
 
 @contextlib.asynccontextmanager
@@ -54,18 +56,9 @@ async def console_on(
 
 
 def state_of(workdir: Path, run_id: str) -> str:
-    from backends.runstore import RunStore
+    from backends.runs.store import RunStore
 
     return RunStore(workdir).get(run_id).state()
-
-
-def test_curves_are_downsampled_to_the_width_and_keep_their_shape() -> None:
-    values = [float(i) for i in range(10_000)]
-    small = downsample(values, 50)
-    assert len(small) == 50 and small == sorted(small)
-    rows, low, high = braille_rows([3.0, 1.0, 2.0], 4, 2)
-    assert (low, high) == (1.0, 3.0) and len(rows) == 2 and all(len(r) == 4 for r in rows)
-    assert braille_rows([], 4, 2)[0] == ["\u2800" * 4] * 2
 
 
 async def test_runs_gpus_details_log_and_curves_appear(workdir: Path, nvml_state: Path) -> None:
@@ -82,12 +75,11 @@ async def test_runs_gpus_details_log_and_curves_appear(workdir: Path, nvml_state
         assert "H200" in gpus and "87%" in gpus and f"run {run_id}" in gpus
         await until(pilot, lambda: str(table.get_row(run_id)[-1]) == "0:87%", what="the run's GPU")
         assert "trainer" in str(app.query_one(RunDetail).render())
-        loss = app.query_one("#curve-a", LineChart)
-        acc = app.query_one("#curve-b", LineChart)
-        await until(pilot, lambda: len(loss.values) == 40 and len(acc.values) == 40, what="the curves")
-        assert (loss.title, acc.title) == ("loss", "acc_0")
-        assert loss.values[0] > loss.values[-1] and acc.values[-1] == 1.0
-        log = app.query_one(RichLog)
+        loss, acc = app.query_one(ChartsPanel).charts
+        await until(pilot, lambda: "loss 0.25" in loss.text().plain, what="the loss curve to step 40")
+        assert (loss.spec, acc.spec) == (("loss", "val_loss"), ("acc_*",))
+        assert "acc_0 1" in acc.text().plain
+        log = app.query_one(TailLog)
         await until(pilot, lambda: any("trained" in line.text for line in log.lines), what="the log")
         await pilot.press("q")
 
@@ -187,9 +179,9 @@ async def test_each_theme_renders_the_console(workdir: Path, nvml_state: Path, t
         await pilot.press("t")
         assert app.theme != theme
         await pilot.press("question_mark")
-        await until(pilot, lambda: app.screen.query(HelpPanel), what="the help panel")
+        await until(pilot, lambda: isinstance(app.screen, HelpScreen), what="the help")
         await pilot.press("question_mark")
-        await until(pilot, lambda: not app.screen.query(HelpPanel), what="the help panel to close")
+        await until(pilot, lambda: not isinstance(app.screen, HelpScreen), what="the help to close")
         await pilot.press("q")
 
 
@@ -227,8 +219,8 @@ async def test_a_progress_bar_being_redrawn_shows_under_the_log(workdir: Path, n
     async with console_on(LocalTransport(workdir), run_id) as (app, pilot):
         progress = app.query_one("#progress", Static)
         await until(pilot, lambda: "Completed | 4/8" in str(progress.content), what="the progress bar")
-        log = app.query_one(RichLog)
-        assert any("Load weight begin" in line.text for line in log.lines)
+        log = app.query_one(TailLog)
+        await until(pilot, lambda: any("Load weight begin" in line.text for line in log.lines), what="the log")
 
 
 async def test_the_command_palette_finds_a_run_by_name(workdir: Path, nvml_state: Path) -> None:
@@ -251,10 +243,12 @@ async def test_a_servers_curves_are_its_accept_length_and_throughput(workdir: Pa
     port = free_port()
     argv = [sys.executable, "-m", "tests.sglang_standin", "--port", str(port), "--decode-lines", "8"]
     async with AgentClient(LocalTransport(workdir)) as client:
-        launched = await client.request("launch", kind="serve", argv=argv, health_url=f"http://127.0.0.1:{port}/health")
+        launched = await client.launch("serve", argv, health_url=f"http://127.0.0.1:{port}/health")
     async with console_on(LocalTransport(workdir), launched["run"]) as (app, pilot):
-        accept, throughput = app.query_one("#curve-a", LineChart), app.query_one("#curve-b", LineChart)
-        await until(pilot, lambda: len(accept.values) == 8, timeout=30, what="eight decode rows")
-        assert (accept.title, throughput.title) == ("accept_len", "gen_throughput")
-        assert accept.values[-1] == 3.2 and throughput.values[-1] == 470.0
+        accept, throughput = app.query_one(ChartsPanel).charts
+        store = app.run_metrics[launched["run"]].store
+        await until(pilot, lambda: len(store.series("accept_len") or []) == 8, timeout=30, what="eight decode rows")
+        assert (accept.spec, throughput.spec) == (("accept_len", "ttft_p50"), ("gen_throughput",))
+        await until(pilot, lambda: "accept_len 3.2" in accept.text().plain, what="the last accept length")
+        assert "gen_throughput 470" in throughput.text().plain and store.x_label == "time"
         await until(pilot, lambda: app.runs[launched["run"]]["state"] == "ready", what="ready")

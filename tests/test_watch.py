@@ -18,8 +18,9 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
-from backends import sglang_log, watch
-from backends.runstore import RunDir, RunSpec
+from backends.runs import watch
+from backends.runs.store import RunDir, RunSpec
+from backends.sglang import log as sglang_log
 from tests.conftest import CLI, free_port, launch, run_info, wait_for, wait_state
 from tests.fake_nvml import gpu, write_state
 

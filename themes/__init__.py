@@ -46,3 +46,22 @@ def register_themes(app: App[Any]) -> None:
             )
         )
     app.theme = DEFAULT
+
+
+@dataclass(frozen=True)
+class Signals:
+    """The colours that mean good, take care and bad (and the accent), of a theme or, without one, plain names."""
+
+    success: str = "green"
+    warning: str = "yellow"
+    error: str = "red"
+    accent: str = ""
+
+
+def signals(theme: Theme | None) -> Signals:
+    if theme is None:
+        return Signals()
+    plain = Signals()
+    return Signals(
+        theme.success or plain.success, theme.warning or plain.warning, theme.error or plain.error, theme.accent or ""
+    )

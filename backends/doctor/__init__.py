@@ -7,7 +7,7 @@ config.json files, safetensors headers (and the small `d2t` vector), an
 original-EAGLE `pytorch_model.bin` through a memory map, and the extraction
 manifest, and turns every such fault into a finding with a stable code and a
 fix. It never raises for any file content. The SGLang knowledge it applies
-lives in `sglang_facts`; `dryload` is the exact check with the real loader.
+lives in `backends.sglang.facts`; `dryload` is the exact check with the real loader.
 
     python -m backends.doctor DRAFT [--target DIR] [--data DIR] [--sglang-version V]
                              [--context-length N] [--json] [--dry-load] [--sglang-python PATH]
@@ -18,11 +18,12 @@ was read), `draft_config` (the config as SGLang sees it), `rule_context` (what
 the rules see), the rules by concept (`config_rules`, `shape_rules`,
 `vocab_rules`, `target_rules`, `weight_name_rules`, `capture_rules`,
 `feature_rules`) and their order (`rules`), `versions` (which SGLang releases),
-`diagnosis` (`diagnose`), `cli` (the command line).
+`diagnosis` (`diagnose`), `full` (the rules and the real loader's dry-load,
+`dryload`, together), `report` (a result as text), `cli` (the command line),
+`convert` (other layouts to SGLang's).
 """
 
 from backends.doctor.capture_rules import Capture
-from backends.doctor.cli import format_result, main, parser
 from backends.doctor.codes import CODES, CONVERT_FIX, convert_fix, finding
 from backends.doctor.diagnosis import diagnose
 from backends.doctor.draft_config import Geometry, aux_ids, enabled_options, geometry, num_aux, sglang_view
@@ -56,11 +57,8 @@ __all__ = [
     "diagnose",
     "enabled_options",
     "finding",
-    "format_result",
     "geometry",
-    "main",
     "num_aux",
-    "parser",
     "read_data",
     "read_draft",
     "read_json_object",

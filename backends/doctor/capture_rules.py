@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from backends import sglang_facts as facts
 from backends.doctor.codes import finding
 from backends.doctor.rule_context import Context
 from backends.protocol import Finding
+from backends.sglang import facts
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""`python -m backends.doctor`: the command line, and a result as text.
+"""`python -m backends.doctor`: the command line.
 
 Exit codes: 0 no errors, 1 errors in the draft, 2 the command line cannot be
 followed; --help exits 0.
@@ -10,19 +10,8 @@ import argparse
 import json
 from pathlib import Path
 
-from backends.protocol import DoctorResult
-
-
-def format_result(result: DoctorResult) -> str:
-    lines = [
-        f"draft {result['draft']} ({result['format']}), SGLang {', '.join(result['sglang_versions'])}",
-    ]
-    for item in result["findings"]:
-        lines.append(f"{item['severity'].upper()} {item['code']}: {item['message']}")
-        if item["fix"]:
-            lines.append(f"  fix: {item['fix']}")
-    lines.append(f"{result['errors']} error(s), {result['warnings']} warning(s)")
-    return "\n".join(lines)
+from backends.doctor.full import full_diagnosis
+from backends.doctor.report import format_result
 
 
 def parser() -> argparse.ArgumentParser:
@@ -47,8 +36,6 @@ def main(argv: list[str] | None = None) -> int:
         args = parser().parse_args(argv)
     except SystemExit as exc:
         return 0 if exc.code == 0 else 2
-    from backends.preflight import full_diagnosis  # preflight builds on this package
-
     result = full_diagnosis(
         args.draft,
         target=args.target,

@@ -7,12 +7,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from backends import sglang_facts as facts
 from backends.doctor.codes import convert_fix, finding
 from backends.doctor.config_values import first_architecture, positive_int
 from backends.doctor.draft_config import aux_ids
 from backends.doctor.rule_context import Context
 from backends.protocol import Finding
+from backends.sglang import facts
 
 
 def draft_vocab_size_rules(ctx: Context) -> list[Finding]:

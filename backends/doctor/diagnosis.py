@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from backends import sglang_facts as facts
 from backends.doctor.codes import convert_fix, finding
 from backends.doctor.config_rules import aux_ids_ignored_rule
 from backends.doctor.draft_config import enabled_options, geometry, sglang_view
@@ -14,6 +13,7 @@ from backends.doctor.rule_context import Context
 from backends.doctor.rules import release_rules, version_independent_rules
 from backends.doctor.versions import Installed, merge_per_release, versions_to_check
 from backends.protocol import DoctorResult, Finding
+from backends.sglang import facts
 
 
 def diagnose(

@@ -6,11 +6,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from backends import sglang_facts as facts
 from backends.doctor.codes import finding
 from backends.doctor.config_values import int_list, positive_int
 from backends.doctor.reading import DraftFiles
 from backends.protocol import Finding
+from backends.sglang import facts
 
 
 def sglang_view(files: DraftFiles) -> dict[str, Any]:

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from backends import sglang_facts as facts
 from backends.doctor.capture_rules import capture
 from backends.doctor.codes import finding
 from backends.doctor.draft_config import aux_ids, num_aux
 from backends.doctor.layer_names import canonical_names
 from backends.doctor.rule_context import Context
 from backends.protocol import Finding
+from backends.sglang import facts
 
 
 def feature_rules(ctx: Context, release: facts.ReleaseFacts) -> list[Finding]:

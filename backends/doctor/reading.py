@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from backends import sglang_facts as facts
 from backends.doctor.codes import finding
 from backends.doctor.config_values import first_architecture, positive_int
 from backends.doctor.layer_names import layer_spelling
@@ -29,6 +28,7 @@ from backends.safetensors_header import (
     read_header,
     read_index,
 )
+from backends.sglang import facts
 
 MAX_D2T_BYTES = 64 * 2**20
 _ARRAY_CODES = {"I8": "b", "U8": "B", "I16": "h", "U16": "H", "I32": "i", "U32": "I", "I64": "q", "U64": "Q"}

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from backends import sglang_facts as facts
 from backends.doctor.config_rules import (
     draft_vocab_size_rules,
     release_config_rules,
@@ -18,6 +17,7 @@ from backends.doctor.target_rules import context_length_rule, manifest_rules, ta
 from backends.doctor.vocab_rules import vocab_rules
 from backends.doctor.weight_name_rules import weight_name_rules
 from backends.protocol import Finding
+from backends.sglang import facts
 
 
 def version_independent_rules(ctx: Context) -> list[Finding]:

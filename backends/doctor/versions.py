@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from backends import sglang_facts as facts
 from backends.doctor.codes import finding
 from backends.protocol import Finding
+from backends.sglang import facts
 
 
 @dataclass(frozen=True)

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from backends import sglang_facts as facts
 from backends.doctor.codes import finding
 from backends.doctor.rule_context import Context
 from backends.protocol import Finding
 from backends.safetensors_header import INTEGER_DTYPES
+from backends.sglang import facts
 
 
 def vocab_rules(ctx: Context, canon: Mapping[str, str]) -> list[Finding]:

@@ -7,12 +7,12 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
-from backends import sglang_facts as facts
 from backends.doctor.codes import convert_fix, finding
 from backends.doctor.draft_config import num_aux
 from backends.doctor.layer_names import LAYER
 from backends.doctor.rule_context import Context
 from backends.protocol import Finding
+from backends.sglang import facts
 
 
 def _option_prefixes(options: Iterable[str]) -> tuple[str, ...]:

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from backends.eagle3_contract import SHARD_PATTERN, ContractError, Manifest, default_aux_layers, write_shard
 from backends.extract import capture, sglang_capture
+from backends.extract.args import build_parser
 from backends.extract.data import DEMO, DataError, Dataset, load_dataset
 from backends.extract.output import (
     OutputError,
@@ -36,7 +37,9 @@ from backends.extract.output import (
 )
 from backends.extract.pipeline import Row, ShardJob, run_pipeline
 from backends.extract.template import ChatTokenizer, TemplateError, TokenizedChat
-from backends.runstore import ENV_METRICS_FILE, append_jsonl
+from backends.fileio import append_jsonl
+from backends.host import cpus
+from backends.protocol import ENV_METRICS_FILE, Metric, MetricRow
 
 NO_ASSISTANT_TOKEN = "no assistant token within --max-length"
 
@@ -47,60 +50,6 @@ class UsageError(Exception):
 
 class ExtractFailed(Exception):
     """The extraction was attempted and failed (exit 1)."""
-
-
-def positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value} must be at least 1")
-    return value
-
-
-def layer_list(text: str) -> list[int]:
-    try:
-        ids = [int(part) for part in text.split(",")]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of layer ids, like 1,5,8") from None
-    return ids
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="python -m backends.extract",
-        description="Run a target model over chats and save the hidden states an EAGLE-3 draft trains on.",
-    )
-    parser.add_argument("--target", type=Path, required=True, help="Hugging Face model folder of the target")
-    parser.add_argument("--data", required=True, help="JSONL of chats ({'messages'} or {'prompt','response'}), or demo")
-    parser.add_argument("--out", type=Path, required=True, help="output folder (resumed when it holds a partial run)")
-    parser.add_argument(
-        "--layers",
-        type=layer_list,
-        help="aux layer ids, 'output of layer X (0-based)', increasing (default: 1, L//2-1, L-4)",
-    )
-    parser.add_argument("--max-length", type=positive_int, default=2048, help="tokens per chat, truncated beyond")
-    parser.add_argument("--backend", choices=("hf", "sglang"), default="hf")
-    parser.add_argument(
-        "--dtype", choices=("auto", *capture.DTYPES), default="auto", help="auto: bfloat16 on a GPU, float32 on CPU"
-    )
-    parser.add_argument(
-        "--device",
-        help="cpu, cuda, cuda:N, or auto: the target's layers spread over every visible GPU, for a target "
-        "larger than one GPU (hf backend; default: cuda when available)",
-    )
-    parser.add_argument("--shard-size", type=positive_int, default=64, help="chats per shard")
-    parser.add_argument("--batch-tokens", type=positive_int, default=16384, help="padded tokens per forward pass")
-    parser.add_argument(
-        "--writers",
-        type=positive_int,
-        default=2,
-        help="threads saving shards while the target runs (each holds one shard in host memory)",
-    )
-    parser.add_argument("--limit", type=positive_int, help="use only the first N usable chats")
-    parser.add_argument("--chat-template", type=Path, help="jinja chat template file (default: the tokenizer's)")
-    return parser
 
 
 @dataclass
@@ -158,6 +107,15 @@ def choose_layers(requested: list[int] | None, num_layers: int) -> list[int]:
     return requested
 
 
+def use_cpu_threads(requested: int | None) -> str:
+    """As many torch threads as there are idle CPUs (or --threads); what was chosen, for the log."""
+    import torch  # the forward pass needs it anyway; the command line does not
+
+    threads, why = cpus.cpu_threads(requested)
+    torch.set_num_threads(threads)
+    return f", {threads} CPU thread(s) ({why})"
+
+
 def choose_device(requested: str | None) -> str:
     import torch
 
@@ -206,13 +164,13 @@ class Reporter:
         done = shard.end_chat - self.first_chat
         eta = (self.progress.chats - shard.end_chat) * elapsed / max(done, 1)
         rate = self.tokens / elapsed
-        row = {
-            "stage": "extract",
-            "samples": self.progress.samples,
-            "tokens": self.progress.tokens,
-            "tokens_per_s": round(rate, 1),
-            "eta_s": round(eta, 1),
-            "shard": shard.index,
+        row: MetricRow = {
+            Metric.STAGE: "extract",
+            Metric.SAMPLES: self.progress.samples,
+            Metric.TOKENS: self.progress.tokens,
+            Metric.TOKENS_PER_S: round(rate, 1),
+            Metric.ETA_S: round(eta, 1),
+            Metric.SHARD: shard.index,
         }
         if self.metrics_file:
             append_jsonl(Path(self.metrics_file), row)
@@ -331,6 +289,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"note: {len(aux_ids)} aux layers; SGLang 0.5.5 serves drafts with exactly 3", file=sys.stderr)
     device = choose_device(args.device)
     dtype = capture.resolve_dtype(args.dtype, device)
+    threads = use_cpu_threads(args.threads) if device == "cpu" else ""
     sglang = None
     if args.backend == "sglang":
         try:
@@ -367,7 +326,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if progress.shards:
         print(f"resume: {len(progress.shards)} finished shards kept, from chat {progress.next_chat}")
-    print(f"target: {target.architecture}, {target.num_layers} layers, aux ids {aux_ids}, {dtype} on {device}")
+    print(f"target: {target.architecture}, {target.num_layers} layers, aux ids {aux_ids}, {dtype} on {device}{threads}")
     tokenizer = chat_tokenizer.tokenizer
     pad_id = next(i for i in (tokenizer.pad_token_id, tokenizer.eos_token_id, 0) if i is not None)
     capturer = load_capturer(target, args, sglang, device, dtype, aux_ids, pad_id)

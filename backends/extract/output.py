@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from backends.eagle3_contract import MANIFEST, Manifest, ShardInfo
-from backends.runstore import atomic_write_json
+from backends.fileio import atomic_write_json
 
 PROGRESS = "progress.json"
 PROGRESS_VERSION = 1

@@ -28,8 +28,9 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-from backends import sglang_facts, sglang_runtime
 from backends.extract.capture import Captured, to_host
+from backends.sglang import facts as sglang_facts
+from backends.sglang import runtime as sglang_runtime
 
 if TYPE_CHECKING:
     import torch

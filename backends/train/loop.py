@@ -10,11 +10,12 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 
 from backends.eagle3_contract import Manifest, read_manifest
+from backends.host import cpus
+from backends.protocol import Metric, MetricRow
 from backends.train import checkpoint, distributed
 from backends.train.config import DraftConfig, check_draft, check_target
 from backends.train.data import (
@@ -73,6 +74,7 @@ class Run:
     trainer: Trainer
     vocab: VocabMap
     resumed_from: Path | None
+    threads: str  # the CPU threads per process and why ("" on a GPU)
 
     @property
     def layout(self) -> Layout:
@@ -83,6 +85,7 @@ class Run:
 def prepare(options: TrainOptions, ctx: distributed.Dist) -> Run:
     """Read and check everything; build the draft, optimizer and schedule (restored with --resume)."""
     options.validate()
+    threads = use_cpu_threads(options, ctx)
     manifest = read_manifest(options.data)
     target_cfg = read_target_config(options.target)
     check_target(manifest, target_cfg)
@@ -120,7 +123,16 @@ def prepare(options: TrainOptions, ctx: distributed.Dist) -> Run:
     trainer = Trainer(draft, teacher, ctx, options, total_steps, fsdp=fsdp)
     if latest is not None:
         trainer.restore(checkpoint.load_training_state(latest))
-    return Run(options, ctx, manifest, split, reader, trainer, vocab, latest)
+    return Run(options, ctx, manifest, split, reader, trainer, vocab, latest, threads)
+
+
+def use_cpu_threads(options: TrainOptions, ctx: distributed.Dist) -> str:
+    """On the CPU, as many torch threads as there are idle CPUs (split between the processes); what was chosen."""
+    if ctx.device.type != "cpu":
+        return ""
+    threads, why = cpus.cpu_threads(options.threads, ctx.world)
+    torch.set_num_threads(threads)
+    return f", {threads} CPU thread(s) per process ({why})"
 
 
 def describe(run: Run) -> str:
@@ -134,7 +146,7 @@ def describe(run: Run) -> str:
         f"draft vocab {cfg.draft_vocab_size}{seen}, "
         f"{trainable:,} trainable parameters; {t.total_steps} steps x batch {o.batch_size} x "
         f"{run.ctx.world} process(es) on {run.ctx.device}, TTT {o.ttt}, attention {t.attention}, "
-        f"compile {'on' if t.compiled else 'off'}; {start}"
+        f"compile {'on' if t.compiled else 'off'}{run.threads}; {start}"
     )
 
 
@@ -181,16 +193,20 @@ class Logger:
         elapsed = max(time.perf_counter() - self.started - self.excluded, 1e-9)
         if not math.isfinite(mean[0]):
             raise TrainingFailed(f"the loss became {mean[0]} by step {step}: lower --lr, or check the data")
-        row: dict[str, Any] = {"step": step, "epoch": epoch, "loss": mean[0]}
-        row.update({f"ploss_{i}": mean[1 + i] for i in range(k)})
-        row.update({f"acc_{i}": acc[i] for i in range(k)})
+        row: MetricRow = {Metric.STEP: step, Metric.EPOCH: epoch, Metric.LOSS: mean[0]}
+        row.update({Metric.ploss(i): mean[1 + i] for i in range(k)})
+        row.update({Metric.acc(i): acc[i] for i in range(k)})
         row.update(
-            {"lr": self.lr / self.steps, "grad_norm": mean[1 + 3 * k], "tokens_per_s": float(totals[-1]) / elapsed}
+            {
+                Metric.LR: self.lr / self.steps,
+                Metric.GRAD_NORM: mean[1 + 3 * k],
+                Metric.TOKENS_PER_S: float(totals[-1]) / elapsed,
+            }
         )
         self.write(row, train_line(row, self.run.trainer.total_steps, k))
         self.reset()
 
-    def write(self, row: dict[str, Any], line: str) -> None:
+    def write(self, row: MetricRow, line: str) -> None:
         if self.writer is not None:
             self.writer.write(row)
             print(line, flush=True)
@@ -204,10 +220,10 @@ def evaluate(run: Run, logger: Logger) -> None:
     if run.split.val_samples == 0:
         return
     t = run.trainer
-    row: dict[str, Any] = {"step": t.progress.step, "epoch": t.progress.epoch}
+    row: MetricRow = {Metric.STEP: t.progress.step, Metric.EPOCH: t.progress.epoch}
     row.update(t.evaluate(background(val_batches(run.reader, run.split, run.layout))))
-    t.progress.val_history.append(row["val_loss"])
-    row["plateau"] = plateaued(t.progress.val_history, run.options.plateau_evals)
+    t.progress.val_history.append(row[Metric.VAL_LOSS])
+    row[Metric.PLATEAU] = plateaued(t.progress.val_history, run.options.plateau_evals)
     logger.write(row, eval_line(row, run.options.ttt))
 
 

@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 from typing import IO, Any
 
-from backends.runstore import ENV_METRICS_FILE
+from backends.protocol import ENV_METRICS_FILE, Metric, MetricRow
 
 METRICS_FILE = "metrics.jsonl"
 PLATEAU_REL = 0.005
@@ -23,7 +23,7 @@ class MetricsWriter:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._file: IO[str] = open(self.path, "a", buffering=1)  # noqa: SIM115 - held for the run
 
-    def write(self, row: dict[str, Any]) -> None:
+    def write(self, row: MetricRow) -> None:
         self._file.write(json.dumps({k: _plain(v) for k, v in row.items()}) + "\n")
 
     def close(self) -> None:
@@ -44,18 +44,19 @@ def plateaued(history: list[float], window: int, rel: float = PLATEAU_REL) -> bo
     return min(history[-window:]) > best_before * (1 - rel)
 
 
-def train_line(row: dict[str, Any], total_steps: int, ttt: int) -> str:
-    accs = " ".join(f"{row[f'acc_{k}']:.3f}" for k in range(ttt))
+def train_line(row: MetricRow, total_steps: int, ttt: int) -> str:
+    accs = " ".join(f"{row[Metric.acc(k)]:.3f}" for k in range(ttt))
     return (
-        f"step {row['step']}/{total_steps} epoch {row['epoch']} | loss {row['loss']:.4f} | acc {accs} | "
-        f"lr {row['lr']:.3g} | grad_norm {row['grad_norm']:.3f} | {row['tokens_per_s']:,.0f} tokens/s"
+        f"step {row[Metric.STEP]}/{total_steps} epoch {row[Metric.EPOCH]} | loss {row[Metric.LOSS]:.4f} | "
+        f"acc {accs} | lr {row[Metric.LR]:.3g} | grad_norm {row[Metric.GRAD_NORM]:.3f} | "
+        f"{row[Metric.TOKENS_PER_S]:,.0f} tokens/s"
     )
 
 
-def eval_line(row: dict[str, Any], ttt: int) -> str:
-    accs = " ".join(f"{row[f'val_acc_{k}']:.3f}" for k in range(ttt))
-    flag = " | plateau: val loss has not improved by 0.5%" if row["plateau"] else ""
+def eval_line(row: MetricRow, ttt: int) -> str:
+    accs = " ".join(f"{row[Metric.val_acc(k)]:.3f}" for k in range(ttt))
+    flag = " | plateau: val loss has not improved by 0.5%" if row[Metric.PLATEAU] else ""
     return (
-        f"eval step {row['step']} | val_loss {row['val_loss']:.4f} | val_acc {accs} | "
-        f"simulated accept length {row['val_sim_accept_len']:.3f}{flag}"
+        f"eval step {row[Metric.STEP]} | val_loss {row[Metric.VAL_LOSS]:.4f} | val_acc {accs} | "
+        f"simulated accept length {row[Metric.VAL_SIM_ACCEPT_LEN]:.3f}{flag}"
     )

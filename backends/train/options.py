@@ -36,6 +36,7 @@ class TrainOptions:
     fsdp: str = "auto"
     draft_config: Path | None = None
     plateau_evals: int = 5
+    threads: int | None = None  # None: on the CPU, the idle CPUs (backends.host.cpus)
 
     def validate(self) -> None:
         positive = {
@@ -52,6 +53,8 @@ class TrainOptions:
             positive["--max-length"] = self.max_length
         if self.pad_multiple is not None:
             positive["--pad-multiple"] = self.pad_multiple
+        if self.threads is not None:
+            positive["--threads"] = self.threads
         for flag, value in positive.items():
             if value < 1:
                 raise TrainError(f"{flag} must be at least 1, not {value}")

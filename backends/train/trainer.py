@@ -13,6 +13,7 @@ import torch
 from torch import nn
 from torch.nn.attention.flex_attention import BlockMask
 
+from backends.protocol import Metric, MetricRow
 from backends.train import checkpoint, distributed
 from backends.train.attention import ttt_block_mask
 from backends.train.config import DraftConfig
@@ -194,7 +195,7 @@ class Trainer:
         )
 
     @torch.no_grad()
-    def evaluate(self, batches: Iterable[Batch]) -> dict[str, Any]:
+    def evaluate(self, batches: Iterable[Batch]) -> MetricRow:
         """val_loss, val_ploss_k, val_acc_k, val_sim_accept_len over all the held-out batches."""
         k = self.options.ttt
         sums = torch.zeros(4, k, device=self.ctx.device)
@@ -204,10 +205,10 @@ class Trainer:
         ce_sum, in_loss, correct, counted = distributed.all_reduce_sum(sums).cpu()
         ploss = (ce_sum / in_loss.clamp_min(1)).tolist()
         acc = (correct / counted.clamp_min(1)).tolist()
-        row: dict[str, Any] = {"val_loss": sum(STEP_DECAY**i * p for i, p in enumerate(ploss))}
-        row.update({f"val_ploss_{i}": p for i, p in enumerate(ploss)})
-        row.update({f"val_acc_{i}": a for i, a in enumerate(acc)})
-        row["val_sim_accept_len"] = simulated_accept_length(acc)
+        row: MetricRow = {Metric.VAL_LOSS: sum(STEP_DECAY**i * p for i, p in enumerate(ploss))}
+        row.update({Metric.val_ploss(i): p for i, p in enumerate(ploss)})
+        row.update({Metric.val_acc(i): a for i, a in enumerate(acc)})
+        row[Metric.VAL_SIM_ACCEPT_LEN] = simulated_accept_length(acc)
         return row
 
     # ---- state ----------------------------------------------------------

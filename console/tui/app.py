@@ -14,23 +14,27 @@ import asyncio
 import base64
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from textual import on, work
+from textual.actions import SkipAction
 from textual.app import App, ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, Vertical
-from textual.widgets import DataTable, Footer, Header, HelpPanel, RichLog, Static
+from textual.widgets import DataTable, Footer, Header, Static
 
-from backends.protocol import TERMINAL_STATES
-from backends.sglang_facts import RELAUNCH_PRESETS
+from backends.protocol import TERMINAL_STATES, Metric, MetricRow, RunInfo, StatusResult
 from console import render
-from console.client import PAST_END, AgentClient, AgentError
+from console.client import AgentClient, AgentError
 from console.transport import Transport, TransportError
-from console.tui.chart import LineChart
+from console.tui.chart import ChartPicker, ChartsPanel, RunMetrics, choices, default_charts, nonfinite_loss, spec_label
 from console.tui.commands import RunCommands
-from console.tui.dialogs import ConfirmScreen, RelaunchScreen, TextScreen
-from console.tui.panels import GpuPanel, RunDetail, RunsTable
+from console.tui.dialogs import ConfirmScreen, HelpScreen, RelaunchScreen, TextScreen
+from console.tui.gpu_panel import GpuPanel
+from console.tui.log import FindPrompt, TailLog
+from console.tui.panels import RunDetail, RunFacts, RunsTable, health_styles
+from console.tui.progress import Progress, total_steps
+from console.tui.timeline import timeline
 from themes import register_themes
 
 if TYPE_CHECKING:
@@ -42,14 +46,8 @@ LOG_TAIL_LINES = 200
 PROGRESS_CHARS = 200
 MAX_PARTIAL = 64 * 1024  # a line without an end is kept to this length
 KILL_GRACE_S = 10.0
-# The two curves shown for a run: the first of each list that its rows carry.
-CURVES = (
-    ("loss", "val_loss", "accept_len", "tokens_per_s"),
-    ("acc_0", "val_acc_0", "val_sim_accept_len", "gen_throughput", "samples"),
-)
 LOUD_TIMEOUT_S = 15.0  # errors and stalls stay up longer than news
-# What each kind of run is expected to plot, named before its first row arrives.
-EXPECTED_CURVES = {"serve": ("accept_len", "gen_throughput"), "extract": ("tokens_per_s", "samples")}
+FEED_ROWS = 500  # metric rows added to a store between two looks at the screen: a long history loads, the UI lives
 
 
 class ConsoleApp(App[None]):
@@ -62,6 +60,17 @@ class ConsoleApp(App[None]):
         Binding("f", "free_gpus", "free GPUs"),
         Binding("s", "stacks", "stacks"),
         Binding("t", "next_theme", "theme"),
+        Binding("w", "wrap", "wrap log"),
+        Binding("slash", "find_in_log", "find text in the log (any case)", key_display="/", show=False),
+        Binding("n", "log_match(True)", "next match (older)", show=False),
+        Binding("N", "log_match(False)", "previous match (newer)", show=False),
+        Binding("escape", "stop_finding", "stop finding: follow the tail", show=False),
+        Binding("y", "copy_log", "copy the match's line, or the lines in view", show=False),
+        Binding("c", "pick_chart", "chart"),
+        Binding("v", "next_chart", "the other chart", show=False),
+        Binding("L", "chart_toggle('log_scale')", "log scale", show=False),
+        Binding("R", "chart_toggle('robust')", "robust range", show=False),
+        Binding("S", "chart_toggle('smooth')", "smoothing", show=False),
         Binding("question_mark", "help", "help"),
         Binding("q", "quit", "quit"),
     ]
@@ -71,34 +80,47 @@ class ConsoleApp(App[None]):
         self.client = AgentClient(transport)
         self.readonly = readonly
         self.accept_new_host_key = accept_new_host_key
-        self.sub_title = transport.description + ("  (read-only)" if readonly else "")
-        self.runs: dict[str, dict[str, Any]] = {}
+        self.where = transport.description + ("  (read-only)" if readonly else "")
+        self.sub_title = self.where
+        self.runs: dict[str, RunInfo] = {}
         self.connected = asyncio.Event()
         self.followed: str | None = None
         self.lost: tuple[float, str] | None = None  # when the link was lost, and why
         self.generation = 0  # connections made so far: a follower resubscribes on the next one
         self.status_failed = False  # the last status request was refused (its banner is up)
         self.states: dict[str, str] | None = None  # each run's state at the last poll (None: none yet)
+        self.run_metrics: dict[str, RunMetrics] = {}  # each run's metric store, of the runs followed so far
+        self.unseen: set[str] = set()  # failures not selected since they failed
+        self.fates: dict[str, str] = {}  # relaunched run -> the run it replaced, until it is ready or ends
+        self.moving_to: str | None = None  # a run just launched: the cursor moves to it once the poll shows it
+        self.progress: dict[str, Progress] = {}  # how far each training got: its status, and its rows if followed
+        self.facts = RunFacts()  # the followed run's timeline, silence, stall frames, last exception
+        self.events: list[dict[str, object]] = []  # the followed run's events
+        self.exceptions = render.ExceptionFinder()  # the last exception its log names
+        self.gpu_error: str | None = None  # why the last status found no GPU, as it said
+        self.quiet_since: float | None = None  # when its output was last seen (or the console opened it)
+        self.frames_of: tuple[str, float | None] | None = None  # the stall whose top frames are shown
 
     def compose(self) -> ComposeResult:
         yield Header()
         yield Static("", id="link")
         with Horizontal():
+            # Left: the runs, the GPUs, and the log under them, as wide as the runs list (log lines are long);
+            # right: the selected run's detail above its charts.
             with Vertical(id="left"):
                 yield RunsTable(id="runs")
                 yield GpuPanel(id="gpus")
+                yield TailLog(max_lines=5000, id="log")
+                yield Static("", id="progress")
             with Vertical(id="right"):
                 yield RunDetail(id="detail")
-                with Horizontal(id="charts"):
-                    yield LineChart("loss", id="curve-a")
-                    yield LineChart("acc_0", id="curve-b")
-                yield RichLog(id="log", max_lines=5000, wrap=False)
-                yield Static("", id="progress")
+                yield ChartsPanel(id="charts")
         yield Footer()
 
     def on_mount(self) -> None:
         register_themes(self)
         self.query_one("#link").display = False
+        self.set_interval(1.0, self.show_selected)  # the live counters (silent for, the current phase) move
         self.poll()
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
@@ -112,7 +134,7 @@ class ConsoleApp(App[None]):
             if not self.connected.is_set():
                 await self.connect()
             try:
-                status = await self.client.request("status", gpus=True)
+                status = await self.client.status(gpus=True)
             except AgentError as exc:  # the agent answered but could not say: show it, ask again later
                 self.status_failed = True
                 self.banner(f"status failed: {exc.message}")
@@ -166,19 +188,58 @@ class ConsoleApp(App[None]):
         link.display = text is not None
         link.update(text or "")
 
-    def show_status(self, status: dict[str, Any]) -> None:
-        self.announce_changes(status["runs"])
+    def show_status(self, status: StatusResult) -> None:
+        told = self.announce_fates(status["runs"])
+        self.announce_changes(status["runs"], told)
         self.runs = {run["id"]: run for run in status["runs"]}
+        self.gpu_error = status.get("gpu_error")
+        counts = render.attention_counts(status["runs"])
+        self.sub_title = f"{self.where}  ·  {counts}" if counts else self.where
+        now = time.time()
+        for run in status["runs"]:  # how far each training and extraction got, followed or not
+            if reached := run.get("progress"):
+                known = self.progress.setdefault(run["id"], Progress(total_steps(run["argv"])))
+                known.ended = run["state"] in TERMINAL_STATES
+                known.add([dict(reached)], now, live=not known.ended)
+        progress = {run_id: text for run_id, p in self.progress.items() if (text := p.text(now))}
         with self.batch_update():
-            self.query_one(RunsTable).show(status["runs"], status.get("gpus") or [])
+            table = self.query_one(RunsTable)
+            table.show(status["runs"], status.get("gpus") or [], progress, frozenset(self.unseen))
             self.query_one(GpuPanel).show(status)
+            if self.moving_to in self.runs:
+                self.select_run(self.moving_to)
+                self.moving_to = None
             self.show_selected()
 
-    def announce_changes(self, runs: list[dict[str, Any]]) -> None:
-        """Say which runs changed state since the last poll (not what the first poll finds)."""
+    def announce_fates(self, runs: list[RunInfo]) -> set[str]:
+        """A relaunched run's fate, once it is known: ready, or how it ended (whatever the poll saw before)."""
+        told: set[str] = set()
+        for run in runs:
+            parent = self.fates.get(run["id"])
+            if parent is None or (run["state"] != "ready" and run["state"] not in TERMINAL_STATES):
+                continue
+            del self.fates[run["id"]]
+            told.add(run["id"])
+            failed = run["state"] in render.FAILED_STATES
+            how = f"{run['state']}" + (f" ({render.exit_text(run)})" if run["state"] in TERMINAL_STATES else "")
+            self.notify(
+                render.printable(f"run {run['id']}, the relaunch of {parent}: {how}"),
+                title="relaunch",
+                severity="error" if failed else "information",
+                timeout=LOUD_TIMEOUT_S if failed else None,
+                markup=False,
+            )
+        return told
+
+    def announce_changes(self, runs: list[RunInfo], told: set[str]) -> None:
+        """Say which runs changed state since the last poll (not what the first poll finds); a failure stays
+        marked until its run is selected. `told`: runs whose news was already given."""
         if self.states is not None:
+            failed = {run["id"] for run in runs if run["state"] in render.FAILED_STATES}
             for change in render.state_changes(self.states, runs):
-                if change.severity is not None:
+                if change.run_id in failed:  # a new run seen first as failed too
+                    self.unseen.add(change.run_id)
+                if change.severity is not None and change.run_id not in told:
                     timeout = LOUD_TIMEOUT_S if change.severity != "information" else None
                     self.notify(change.text, severity=change.severity, timeout=timeout, markup=False)
         self.states = {run["id"]: run["state"] for run in runs}
@@ -188,16 +249,49 @@ class ConsoleApp(App[None]):
         table.move_cursor(row=table.get_row_index(run_id))
         table.focus()
 
-    def selected(self) -> dict[str, Any] | None:
+    def selected(self) -> RunInfo | None:
         run_id = self.query_one(RunsTable).selected_run()
         return self.runs.get(run_id) if run_id else None
 
     def show_selected(self) -> None:
         run = self.selected()
-        self.query_one(RunDetail).show(run)
+        self.query_one(GpuPanel).select(run)
         if run is not None and run["id"] != self.followed:
             self.followed = run["id"]
             self.follow(run["id"])
+        if run is not None:
+            if run["id"] in self.unseen:  # seen now: its mark goes
+                self.unseen.discard(run["id"])
+                table = self.query_one(RunsTable)
+                table.unseen = frozenset(self.unseen)
+                table.refill()
+            self.update_facts(run)
+        self.query_one(RunDetail).show(run, self.facts)
+
+    def update_facts(self, run: RunInfo) -> None:
+        """The followed run's facts as of now: its silence, its parent, the top frames of its stall."""
+        if self.quiet_since is not None:
+            self.facts.silent_s = time.time() - self.quiet_since
+        self.facts.parent = self.runs.get(run["parent"] or "")
+        self.facts.progress = progress.text(time.time()) if (progress := self.progress.get(run["id"])) else None
+        stall = (run["id"], run["stalled_since"])
+        if run["state"] != "stalled":
+            self.facts.frames = []
+            self.frames_of = None
+        elif self.frames_of != stall:
+            self.frames_of = stall
+            self.fetch_frames(run["id"])
+
+    @work(exclusive=True, group="frames")
+    async def fetch_frames(self, run_id: str) -> None:
+        """The top frames of the stacks the watch took when the run stalled."""
+        try:
+            dump = await self.client.stacks(run_id)
+        except (AgentError, TransportError):
+            return
+        if self.followed == run_id:
+            self.facts.frames = render.top_frames(dump["text"])
+            self.show_selected()
 
     @on(DataTable.RowHighlighted)
     def row_changed(self) -> None:
@@ -207,23 +301,30 @@ class ConsoleApp(App[None]):
 
     @work(exclusive=True, group="follow")
     async def follow(self, run_id: str) -> None:
-        log = self.query_one(RichLog)
-        charts = [self.query_one("#curve-a", LineChart), self.query_one("#curve-b", LineChart)]
+        log = self.query_one(TailLog)
         log.clear()
-        self.query_one("#progress", Static).update("")
-        kind = self.runs[run_id]["kind"] if run_id in self.runs else ""
-        for chart, title in zip(charts, EXPECTED_CURVES.get(kind, ("loss", "acc_0")), strict=True):
-            chart.clear(title)
+        self.facts, self.events, self.exceptions = RunFacts(silent_exact=False), [], render.ExceptionFinder()
+        self.quiet_since, self.frames_of = time.time(), None
+        argv = self.runs[run_id]["argv"] if run_id in self.runs else []
+        progress = self.progress.setdefault(run_id, Progress(total_steps(argv)))
+        history = True  # the first metrics rows are the run's past: no step rate from them
+        self.show_progress("")
+        metrics = self.run_metrics.setdefault(run_id, RunMetrics())
+        run = self.runs.get(run_id)
+        self.query_one(ChartsPanel).show(run["kind"] if run else "", metrics.store)
+        if run is not None and run["parent"]:
+            self.load_lineage(run_id, run["parent"])
+        await self.feed(run_id)
         await self.connected.wait()
         try:
-            chunk = await self.client.request("logs", run=run_id, tail=LOG_TAIL_LINES)
+            chunk = await self.client.logs(run_id, tail=LOG_TAIL_LINES)
         except AgentError as exc:  # its output.log is gone: say so where the log would be
-            log.write(f"— {exc.message} —")
+            log.add(f"— {exc.message} —")
             return
         except TransportError:
             return
         partial = self.write_log(log, b"", chunk["data_b64"])
-        offsets = {"log": chunk["next_offset"], "metrics": 0, "events": PAST_END}
+        offsets = {"log": chunk["next_offset"], "metrics": metrics.offset, "events": 0}
         while True:
             await self.connected.wait()
             generation = self.generation
@@ -235,35 +336,102 @@ class ConsoleApp(App[None]):
             async for msg in sub:
                 if msg["stream"] == "log":
                     partial = self.write_log(log, partial, msg["data_b64"])
+                    self.quiet_since, self.facts.silent_exact = time.time(), True
+                elif msg["stream"] == "events":
+                    self.events += [row for row in msg["rows"] if isinstance(row, dict)]
+                    self.facts.line = timeline(self.events)
+                    self.show_selected()
                 elif msg["stream"] == "metrics":
-                    self.plot([row for row in msg["rows"] if isinstance(row, dict)], charts)
+                    progress.add([row for row in msg["rows"] if isinstance(row, dict)], time.time(), not history)
+                    history = False
+                    metrics.receive(msg["rows"], msg["next_offset"])
+                    await self.feed(run_id)
                 elif msg["stream"] == "end":
                     ended = msg.get("error") or f"run {run_id} {msg['state']}"
-                    log.write(f"— {ended} —")
+                    log.add(f"— {ended} —")
                     return
             offsets = dict(sub.offsets)  # the link dropped: resume here once the poll has reconnected
             while self.generation == generation:
                 await asyncio.sleep(0.2)
 
-    def write_log(self, log: RichLog, partial: bytes, data_b64: str) -> bytes:
+    def write_log(self, log: TailLog, partial: bytes, data_b64: str) -> bytes:
         """Write the complete lines; a progress bar being redrawn (\\r, no newline yet) shows below the log."""
         *lines, rest = (partial + base64.b64decode(data_b64)).split(b"\n")
         for line in lines:
-            log.write(line.decode(errors="replace").split("\r")[-1] or " ")
+            text = line.decode(errors="replace").split("\r")[-1]
+            self.exceptions.feed(text)
+            log.add(text or " ")
+        self.facts.last_exception = self.exceptions.last
         bar = next((part for part in reversed(rest.split(b"\r")) if part.strip()), b"")
-        self.query_one("#progress", Static).update(bar.decode(errors="replace")[-PROGRESS_CHARS:])
+        self.show_progress(bar.decode(errors="replace")[-PROGRESS_CHARS:])
         return rest[-MAX_PARTIAL:]
 
-    @staticmethod
-    def plot(rows: list[dict[str, Any]], charts: list[LineChart]) -> None:
-        for chart, keys in zip(charts, CURVES, strict=True):
-            key = next((k for k in keys if any(k in row for row in rows)), None)
-            if key is None:
+    def show_progress(self, text: str) -> None:
+        """The progress bar line below the log; an update lays the screen out again, so only when it changed."""
+        progress = self.query_one("#progress", Static)
+        if text != str(progress.content):
+            progress.update(text)
+
+    async def feed(self, run_id: str) -> None:
+        """The run's rows received but not yet in its store, FEED_ROWS at a time: a long history freezes nothing."""
+        metrics = self.run_metrics[run_id]
+        while metrics.backlog:
+            self.plot(run_id, metrics.take(FEED_ROWS))
+            await asyncio.sleep(0)
+
+    def plot(self, run_id: str, rows: list[MetricRow]) -> None:
+        """Rows into the run's store; the charts showing a series that got a point redraw; a NaN loss is news once."""
+        metrics = self.run_metrics[run_id]
+        got: set[str] = set()
+        for row in rows:
+            got |= metrics.store.add_row(row)
+        followed = self.runs.get(self.followed or "")
+        if run_id == self.followed or (followed is not None and run_id == followed["parent"]):
+            self.query_one(ChartsPanel).touch(got)
+        if run_id == self.followed and not metrics.nan_told and (bad := nonfinite_loss(rows)):
+            metrics.nan_told = True
+            name, row = bad
+            at = f" at step {row[Metric.STEP]}" if Metric.STEP in row else ""
+            text = f"run {run_id}: {name} is {row[name]}{at}"
+            self.notify(text, title="metrics", severity="warning", timeout=LOUD_TIMEOUT_S, markup=False)
+
+    @work(exclusive=True, group="lineage")
+    async def load_lineage(self, run_id: str, parent_id: str) -> None:
+        """The parent's metrics, read whole once, drawn dimmer under the run's own."""
+        metrics = self.run_metrics.setdefault(parent_id, RunMetrics())
+        while not metrics.fetched:
+            await self.connected.wait()
+            try:
+                reply = await self.client.metrics(parent_id, offset=metrics.offset)
+            except AgentError:  # its metrics are gone: no overlay
+                return
+            except TransportError:
+                await asyncio.sleep(POLL_S)
                 continue
-            if chart.title != key:
-                chart.clear(key)
-            values = [row[key] for row in rows if isinstance(row.get(key), (int, float))]
-            chart.extend([float(v) for v in values])
+            metrics.fetched = reply["next_offset"] == metrics.offset
+            metrics.receive(reply["rows"], reply["next_offset"])
+            await self.feed(parent_id)
+        if self.followed == run_id:
+            run = self.runs.get(run_id)
+            self.query_one(ChartsPanel).show(run["kind"] if run else "", self.run_metrics[run_id].store, metrics.store)
+        parent_line = timeline(await self.all_events(parent_id))
+        if self.followed == run_id:
+            self.facts.parent_line = parent_line
+            self.show_selected()
+
+    async def all_events(self, run_id: str) -> list[dict[str, object]]:
+        """A run's events as they stand (none when they are gone or the link is down)."""
+        rows: list[dict[str, object]] = []
+        offset, read_to = -1, 0
+        while read_to != offset:  # a reply holds a few MB at most: read on until one adds nothing
+            offset = read_to
+            try:
+                reply = await self.client.events(run_id, offset=offset)
+            except (AgentError, TransportError):
+                break
+            rows += reply["rows"]
+            read_to = reply["next_offset"]
+        return rows
 
     # --- actions -------------------------------------------------------------------------
 
@@ -284,7 +452,7 @@ class ConsoleApp(App[None]):
     @work(group="actions")
     async def kill(self, run_id: str) -> None:
         try:
-            result = await self.client.request("kill", run=run_id, signal="TERM", grace=KILL_GRACE_S)
+            result = await self.client.kill(run_id, signal="TERM", grace=KILL_GRACE_S)
         except (AgentError, TransportError) as exc:
             self.notify(str(exc), severity="error")
             return
@@ -302,10 +470,7 @@ class ConsoleApp(App[None]):
     async def relaunch_dialog(self, run_id: str, argv: list[str]) -> None:
         """The flags to change, with presets spelled for the run's SGLang (the spelling every release accepts
         when the host cannot say)."""
-        try:
-            presets = (await self.client.request("relaunch_presets", run=run_id))["presets"]
-        except (AgentError, TransportError):
-            presets = list(RELAUNCH_PRESETS)
+        presets = (await self.client.relaunch_presets(run_id))["presets"]
         self.relaunch(run_id, await self.push_screen_wait(RelaunchScreen(run_id, argv, presets)))
 
     @work(group="actions")
@@ -314,13 +479,12 @@ class ConsoleApp(App[None]):
         if flags is None:
             return
         sets, unsets = flags
-        self.notify("checking the new command line (SGLang's parser, doctor); nothing is stopped yet", timeout=8)
-        change = {"run": run_id, "set": sets, "unset": unsets, "grace": KILL_GRACE_S, "force": False}
+        self.notify("checking the new command line; nothing is stopped yet", timeout=8)
         try:
-            preview = await self.client.request("relaunch", **change, dry_run=True)
+            preview = await self.client.relaunch(run_id, set=sets, unset=unsets, grace=KILL_GRACE_S, dry_run=True)
             if not await self.push_screen_wait(ConfirmScreen("Relaunch?", render.relaunch_preview(preview))):
                 return
-            result = await self.client.request("relaunch", **change, dry_run=False)
+            result = await self.client.relaunch(run_id, set=sets, unset=unsets, grace=KILL_GRACE_S)
         except AgentError as exc:
             self.notify(exc.message, title="relaunch refused", severity="error", timeout=15)
             return
@@ -328,13 +492,24 @@ class ConsoleApp(App[None]):
             self.notify(str(exc), severity="error")
             return
         self.notify(f"run {result['run']} started, replacing {run_id}", title="relaunch")
+        self.fates[result["run"]] = run_id
+        self.moving_to = result["run"]
 
     @work(group="actions")
     async def action_free_gpus(self) -> None:
         try:
-            plan = await self.client.request("free_gpus", dry_run=True)
+            plan = await self.client.free_gpus(dry_run=True)
         except (AgentError, TransportError) as exc:
             self.notify(str(exc), severity="error")
+            return
+        if not plan["gpus"]:
+            why = f": {self.gpu_error}" if self.gpu_error else ""
+            self.notify(
+                render.printable(f"this host shows no GPU (GPU source: {plan['gpu_source']}){why}; nothing to free"),
+                title="free GPUs",
+                severity="warning",
+                markup=False,
+            )
             return
         if not any(gpu["processes"] for gpu in plan["gpus"]):
             self.notify("no process of yours holds GPU memory", title="free GPUs")
@@ -343,7 +518,7 @@ class ConsoleApp(App[None]):
         if not await self.push_screen_wait(ConfirmScreen(question, render.free_text(plan))):
             return
         try:
-            result = await self.client.request("free_gpus", dry_run=False)
+            result = await self.client.free_gpus(dry_run=False)
         except (AgentError, TransportError) as exc:
             self.notify(str(exc), severity="error")
             return
@@ -358,23 +533,66 @@ class ConsoleApp(App[None]):
             return
         live = run["state"] not in TERMINAL_STATES
         try:
-            result = await self.client.request("stacks", run=run["id"], now=live)
+            result = await self.client.stacks(run["id"], now=live)
         except (AgentError, TransportError) as exc:
             self.notify(str(exc), severity="error")
             return
         title = f"run {run['id']}: {result['file']} (taken {render.clock(result['taken_at'])})"
         self.push_screen(TextScreen(title, result["text"]))
 
+    def action_pick_chart(self) -> None:
+        """What the current chart shows: any series the selected run has."""
+        chart = self.query_one(ChartsPanel).current
+        run = self.runs.get(self.followed or "")
+        names = chart.run_store.names() if chart.run_store else []
+        offered = choices(names, default_charts(run["kind"] if run else ""))
+        title = f"What the chart shows (now {spec_label(chart.spec)}): type to narrow, Enter to pick"
+
+        def picked(spec: tuple[str, ...] | None) -> None:
+            if spec:
+                chart.pick(spec)
+
+        self.push_screen(ChartPicker(title, offered, chart.spec), picked)
+
+    def action_next_chart(self) -> None:
+        """The other chart becomes the current one (shown alone where only one fits)."""
+        self.query_one(ChartsPanel).next_chart()
+
+    def action_chart_toggle(self, flag: str) -> None:
+        self.query_one(ChartsPanel).current.toggle(flag)
+
     def action_help(self) -> None:
-        """Toggle Textual's panel of the keys that work here, each with what it does."""
-        if self.screen.query(HelpPanel):
-            self.action_hide_help_panel()
-        else:
-            self.action_show_help_panel()
+        """This console's keys, grouped, and what each state's colour means."""
+        keys = [
+            (binding.key_display or self.get_key_display(binding), binding.description, binding.action)
+            for binding in self.BINDINGS
+            if isinstance(binding, Binding) and self.check_action(binding.action, ())
+        ]
+        self.push_screen(HelpScreen(keys, health_styles(self.current_theme)))
 
     def action_next_theme(self) -> None:
         names = [name for name in self.available_themes if name.startswith("eagle3-")]
         self.theme = names[(names.index(self.theme) + 1) % len(names)] if self.theme in names else names[0]
+        self.notify(f"theme: {self.theme}", title="theme", timeout=3)
+
+    def action_wrap(self) -> None:
+        log = self.query_one(TailLog)
+        log.toggle_wrap()
+        self.notify("log lines wrap" if log.wrap else "log lines are cut (scroll sideways)", timeout=3)
+
+    def action_find_in_log(self) -> None:
+        log = self.query_one(TailLog)
+        self.push_screen(FindPrompt(log.last_find), log.find)
+
+    def action_log_match(self, older: bool) -> None:
+        self.query_one(TailLog).step(older)
+
+    def action_stop_finding(self) -> None:
+        if not self.query_one(TailLog).stop_finding():
+            raise SkipAction()  # no search shown: Escape is not ours
+
+    def action_copy_log(self) -> None:
+        self.query_one(TailLog).copy()
 
     async def action_quit(self) -> None:
         await self.client.close()

@@ -1,4 +1,5 @@
-"""Modal dialogs: a confirmation whose focus starts on Cancel, the relaunch flags editor, a text to read."""
+"""Modal dialogs: a confirmation whose focus starts on Cancel, the relaunch flags editor, a text to read, and the
+help (this console's keys, grouped, with the legend of states and colours)."""
 
 from __future__ import annotations
 
@@ -13,8 +14,9 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, Static
 
-from backends.sglang_facts import RELAUNCH_PRESETS
 from console.render import command_line
+from console.tui.panels import NEW_FAILURE, STATE_STYLES
+from console.tui.timeline import HEALTH_CELLS
 
 
 def dialog_css(screen: str) -> str:
@@ -66,7 +68,7 @@ class ConfirmScreen(ModalScreen[bool]):
     def compose(self) -> ComposeResult:
         with Vertical():
             # Text, not markup: a run's name or command line may hold brackets.
-            yield Label(Text(self.question), id="question")
+            yield Static(Text(self.question), id="question")
             if self.details:
                 yield Static(Text(self.details), id="details")
             with Horizontal():
@@ -90,7 +92,7 @@ class RelaunchScreen(ModalScreen[tuple[list[str], list[str]] | None]):
     DEFAULT_CSS = dialog_css("RelaunchScreen")
     BINDINGS: ClassVar[list[BindingType]] = [Binding("escape", "cancel", "cancel")]
 
-    def __init__(self, run: str, argv: list[str], presets: Sequence[str] = RELAUNCH_PRESETS) -> None:
+    def __init__(self, run: str, argv: list[str], presets: Sequence[str]) -> None:
         super().__init__()
         self.run = run
         self.argv = argv
@@ -98,10 +100,13 @@ class RelaunchScreen(ModalScreen[tuple[list[str], list[str]] | None]):
 
     def compose(self) -> ComposeResult:
         with Vertical():
-            yield Label(f"Relaunch run {self.run}: start a copy with these flags changed (a live run is stopped first)")
+            heading = f"Relaunch run {self.run}: start a copy with these flags changed (a live run is stopped first)"
+            yield Static(Text(heading))
             yield Static(Text(command_line(self.argv)), id="argv")
-            yield Input(placeholder="--disable-cuda-graph  --mem-fraction-static=0.8  -cuda-graph-max-bs", id="flags")
-            yield Static("Enter relaunches; a flag written -name (one dash) is removed. Presets:", id="hint")
+            example = "  ".join(self.presets[:2]) if self.presets else "--lr=1e-4  --batch-size=8"
+            yield Input(placeholder=f"{example}  -flag-to-remove", id="flags")
+            hint = "Enter shows the new command line first; a flag written -name (one dash) is removed."
+            yield Static(hint + (" Presets:" if self.presets else ""), id="hint")
             for row in preset_rows(self.presets):
                 with Horizontal():
                     for preset in row:
@@ -165,6 +170,101 @@ class TextScreen(ModalScreen[None]):
             yield Label(self.title_text, id="title")
             with VerticalScroll():
                 yield Static(Text(self.text), id="text")
+
+    def action_close(self) -> None:
+        self.dismiss(None)
+
+
+# The console's keys by what they act on (an action not named here is listed under "more"); keys that every
+# screen of Textual's has are left out.
+KEY_GROUPS = (
+    ("the selected run", ("kill", "relaunch", "stacks")),
+    ("the host", ("free_gpus",)),
+    (
+        "the charts",
+        ("pick_chart", "next_chart", "chart_toggle('log_scale')", "chart_toggle('robust')", "chart_toggle('smooth')"),
+    ),
+    ("the log", ("wrap", "find_in_log", "log_match(True)", "log_match(False)", "stop_finding", "copy_log")),
+    ("the console", ("next_theme", "help", "quit")),
+)
+MOVING = (
+    ("↑ ↓ / click", "select a run (the detail, curves and log follow it)"),
+    ("ctrl+p", "find a run by name, id or state"),
+    ("click / tab", "give the log the keys (click the runs to take them back)"),
+    ("PgUp PgDn", "in the log: scroll (at its end it follows the tail again)"),
+    ("← →", "in the log: scroll cut lines sideways (shift+wheel too)"),
+    ("drag ctrl+c", "select text in the log with the mouse, copy it"),
+)
+HEALTH_MEANINGS = {
+    "ok": "200: serving",
+    "http": "an HTTP error (503 while warming up)",
+    "refused": "connection refused (not listening yet)",
+    "error": "no answer (timeout, reset)",
+}
+
+
+def help_text(keys: Sequence[tuple[str, str, str]], health: dict[str, str]) -> Text:
+    """`keys`: (key, what it does, its action) for each of the app's keys that works now; `health`: each health
+    answer class's style."""
+    text = Text()
+    groups = [(title, [k for k in keys if k[2] in actions]) for title, actions in KEY_GROUPS]
+    named = {action for _, actions in KEY_GROUPS for action in actions}
+    groups.append(("more", [k for k in keys if k[2] not in named]))
+    for title, members in groups:
+        if not members:
+            continue
+        text.append(f"{title}\n", style="bold")
+        for key, description, _ in members:
+            text.append(f"  {key:<12}", style="bold")
+            text.append(f"{description}\n")
+    text.append("moving around\n", style="bold")
+    for key, description in MOVING:
+        text.append(f"  {key:<12}", style="bold")
+        text.append(f"{description}\n")
+    text.append("\nstates\n", style="bold")
+    for state, style in STATE_STYLES.items():
+        text.append("  ")
+        text.append(state, style=style)
+        text.append("\n")
+    text.append("  ")
+    text.append(NEW_FAILURE.strip(), style=STATE_STYLES["failed"])
+    text.append(" a failure not looked at yet (selecting the run clears it)\n")
+    text.append("\nhealth history (serve runs)\n", style="bold")
+    for answer, cell in HEALTH_CELLS.items():
+        text.append(f"  {cell * 3}", style=health.get(answer, ""))
+        text.append(f" {HEALTH_MEANINGS[answer]}\n")
+    return text
+
+
+class HelpScreen(ModalScreen[None]):
+    """This console's keys first, grouped, then what the states and colours mean; Close has the focus."""
+
+    DEFAULT_CSS = (
+        dialog_css("HelpScreen")
+        + """
+    HelpScreen > Vertical { width: 80; height: 90%; }
+    HelpScreen VerticalScroll { height: 1fr; }
+    """
+    )
+    BINDINGS: ClassVar[list[BindingType]] = [Binding("escape,q,question_mark", "close", "close")]
+
+    def __init__(self, keys: Sequence[tuple[str, str, str]], health: dict[str, str]) -> None:
+        super().__init__()
+        self.text = help_text(keys, health)
+
+    def compose(self) -> ComposeResult:
+        with Vertical():
+            yield Label(Text("eagle3-console: keys and colours", style="bold"))
+            with VerticalScroll():
+                yield Static(self.text, id="help")
+            with Horizontal():
+                yield Button("Close (esc)", id="cancel", variant="primary")
+
+    def on_mount(self) -> None:
+        self.query_one("#cancel", Button).focus()
+
+    def on_button_pressed(self, event: Button.Pressed) -> None:
+        self.dismiss(None)
 
     def action_close(self) -> None:
         self.dismiss(None)

@@ -1,13 +1,42 @@
-"""The console's panels: runs, GPUs and the selected run's details. They only render what the agent sent."""
+"""The console's panels: runs and the selected run's details (the GPUs': gpu_panel.py). They only render what the
+agent sent."""
 
 from __future__ import annotations
 
+import textwrap
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from rich.text import Text
+from textual.theme import Theme
 from textual.widgets import DataTable, Static
 
-from console.render import command_line, corrupt_text, exit_text, printable, run_gpus, stall_text
+from backends.protocol import TERMINAL_STATES, GpuInfo, RunInfo
+from console.bench_text import bench_lines
+from console.render import (
+    FAILED_STATES,
+    STALL_ADVICE,
+    attention_rank,
+    changed_flags,
+    command_line,
+    corrupt_text,
+    exit_text,
+    printable,
+    run_gpus,
+    stall_text,
+)
+from console.tui.timeline import (
+    HEALTH_CELLS,
+    Timeline,
+    comparison_steps,
+    health_strip,
+    seconds,
+    summary_lines,
+    wrap_steps,
+)
+from themes import signals
 
 # A state is shown by its word and a colour together (never by colour alone).
 STATE_STYLES = {
@@ -23,44 +52,118 @@ STATE_STYLES = {
 }
 COMMAND_CHARS = 160  # a long command line (a whole script in -c) would push the rest out of view
 RUN_COLUMNS = ("RUN", "NAME", "KIND", "STATE", "PHASE", "PID", "EXIT", "GPUS")
+# The columns given up first when the table is narrow (the detail panel shows them all for the selected run).
+DROPPED_FIRST = ("PID", "KIND", "GPUS", "EXIT")
+# How narrow a column may be squeezed before a low-value one is dropped (a cut cell ends in …; the run id keeps
+# its unique tail); past that, any column goes down to TIGHTEST.
+MIN_WIDTHS = {"RUN": 9, "NAME": 12, "STATE": 7, "PHASE": 16, "GPUS": 6, "EXIT": 4}
+TIGHTEST = 3
+CELL_PADDING = 1  # DataTable's, on each side of a cell
+NEW_FAILURE = "● "  # marks a failure nobody has selected yet
 
 
 def state_text(state: str) -> Text:
     return Text(printable(state), style=STATE_STYLES.get(state, ""))
 
 
-def run_row(run: dict[str, Any], on_gpus: dict[str, str]) -> list[Text]:
-    """A run's cells in the runs table: Text, never markup, each character a terminal would act on escaped."""
+def run_row(run: Mapping[str, Any], on_gpus: dict[str, str], phase: str | None = None, new: bool = False) -> list[Text]:
+    """A run's cells in the runs table: Text, never markup, each character a terminal would act on escaped.
+    `phase` is what the run's rows tell of its progress (step/total, ETA), shown where it has no phase."""
 
     def shown(value: str) -> Text:
         return Text(printable(value))
 
+    state = state_text(run["state"])
+    if new:
+        state = Text(NEW_FAILURE, style=STATE_STYLES["failed"]) + state
     return [
         shown(run["id"]),
         shown(run["name"]),
         shown(run["kind"]),
-        state_text(run["state"]),
-        shown(run.get("phase") or "-"),
+        state,
+        shown(run.get("phase") or phase or "-"),
         shown(str(run["pid"] or "-")),
         shown(exit_text(run)),
         shown(on_gpus.get(run["id"], "-")),
     ]
 
 
+def fit_columns(width: int, rows: Sequence[Sequence[Text]]) -> dict[str, int]:
+    """The columns shown in `width` cells and each one's width: low-value columns dropped first, then the widest
+    squeezed, so that no column runs past the table."""
+    natural = {name: max([len(name), *(row[i].cell_len for row in rows)]) for i, name in enumerate(RUN_COLUMNS)}
+    shown = list(RUN_COLUMNS)
+
+    def needed(names: Sequence[str], sizes: Mapping[str, int]) -> int:
+        return sum(sizes[n] + 2 * CELL_PADDING for n in names)
+
+    least = {name: min(natural[name], MIN_WIDTHS.get(name, natural[name])) for name in RUN_COLUMNS}
+    for name in DROPPED_FIRST:
+        if needed(shown, least) <= width:
+            break
+        shown.remove(name)
+    widths = {name: natural[name] for name in shown}
+    for floor in (least, dict.fromkeys(shown, TIGHTEST)):
+        while needed(shown, widths) > width:
+            widest = max((n for n in shown if widths[n] > floor[n]), key=lambda n: widths[n] - floor[n], default=None)
+            if widest is None:
+                break
+            widths[widest] -= 1
+    return widths
+
+
+def cut(cell: Text, width: int, keep_tail: bool = False) -> Text:
+    """`cell` in `width` cells, a cut shown by … (at the start when its tail tells it apart: a run id)."""
+    if cell.cell_len <= width:
+        return cell
+    if keep_tail:
+        return Text("…") + cell[cell.cell_len - width + 1 :]
+    return cell[: width - 1] + Text("…")
+
+
 class RunsTable(DataTable[Any]):
-    """One row per run, newest last; the cursor stays on the same run across refreshes."""
+    """One row per run: stalled and failed runs first, then the others, newest last; the columns fit the width
+    there is; the cursor stays on the same run across refreshes."""
+
+    runs: Sequence[RunInfo] = ()
+    gpus: Sequence[GpuInfo] = ()
+    progress: Mapping[str, str] = {}
+    unseen: frozenset[str] = frozenset()
+    filled: tuple[list[list[Text]], dict[str, int]] = ([], {})
 
     def on_mount(self) -> None:
         self.cursor_type = "row"
-        self.add_columns(*RUN_COLUMNS)
 
-    def show(self, runs: list[dict[str, Any]], gpus: list[dict[str, Any]]) -> None:
+    def on_resize(self) -> None:
+        self.refill()
+
+    def show(
+        self,
+        runs: Sequence[RunInfo],
+        gpus: Sequence[GpuInfo],
+        progress: Mapping[str, str] | None = None,
+        unseen: frozenset[str] = frozenset(),
+    ) -> None:
+        """`progress`: what each run's rows tell of how far it got; `unseen`: failures not selected yet."""
+        self.runs = sorted(runs, key=lambda run: attention_rank(run["state"]))
+        self.gpus, self.progress, self.unseen = gpus, progress or {}, unseen
+        self.refill()
+
+    def refill(self) -> None:
         selected = self.selected_run()
-        on_gpus = run_gpus(gpus)
-        self.clear()
-        for run in runs:
-            self.add_row(*run_row(run, on_gpus), key=run["id"])
-        ids = [run["id"] for run in runs]
+        on_gpus = run_gpus(self.gpus)
+        rows = [run_row(run, on_gpus, self.progress.get(run["id"]), run["id"] in self.unseen) for run in self.runs]
+        widths = fit_columns(self.scrollable_content_region.width or self.size.width, rows)
+        if (rows, widths) == self.filled:  # the same table: filling it again would cost a whole repaint
+            return
+        self.filled = (rows, widths)
+        self.clear(columns=True)
+        for name, width in widths.items():
+            self.add_column(name, width=width, key=name)
+        for run, row in zip(self.runs, rows, strict=True):
+            cells = dict(zip(RUN_COLUMNS, row, strict=True))
+            self.add_row(*(cut(cells[n], w, keep_tail=n == "RUN") for n, w in widths.items()), key=run["id"])
+        ids = [run["id"] for run in self.runs]
         if ids:
             self.move_cursor(row=ids.index(selected) if selected in ids else len(ids) - 1)
 
@@ -71,65 +174,130 @@ class RunsTable(DataTable[Any]):
         return str(key.value) if key.value is not None else None
 
 
-def bar(percent: float | None, width: int = 12) -> Text:
-    if percent is None:
-        return Text("n/a".center(width + 2), style="dim")
-    filled = round(max(0.0, min(percent, 100.0)) / 100 * width)
-    style = "red" if percent >= 90 else "yellow" if percent >= 60 else "green"
-    return Text("[") + Text("█" * filled, style=style) + Text("·" * (width - filled) + "]")
+@dataclass
+class RunFacts:
+    """What the console learned of the selected run beyond its status row: its events read as a timeline, how
+    long its output has been silent, the top of its stall's stacks, its last exception, the run it replaced."""
+
+    line: Timeline | None = None
+    silent_s: float | None = None
+    silent_exact: bool = True  # False: silent at least that long (nothing seen since the console opened it)
+    frames: list[str] = field(default_factory=list)
+    last_exception: str | None = None
+    parent: Mapping[str, Any] | None = None
+    progress: str | None = None  # what its rows tell of how far it got (step/total, ETA)
+    parent_line: Timeline | None = None  # the startup of the run it replaced, to compare phase by phase
 
 
-class GpuPanel(Static):
-    """Per-GPU utilisation and memory bars, temperature, power and the processes with their runs."""
+SILENT_SHOWN_S = 5.0  # a run quiet for less is not worth a line
+BENCH_SHOWN = 3  # the latest bench results the detail shows (`status RUN` shows all the status carries)
+DETAIL_WIDTH = 60  # when the panel's width is not known yet
+HEALTH_LABELS = 14  # the health strip's own words around its cells: "health " and its span (" 2 m 05 s")
 
-    def show(self, status: dict[str, Any]) -> None:
-        gpus = status.get("gpus") or []
-        if not gpus:
-            why = status.get("gpu_error") or "no GPU found"
-            self.update(Text(f"GPUs: none ({status.get('gpu_source')}): {why}", style="dim"))
-            return
-        text = Text(f"{'':11}{'utilisation':<19}{'memory':<19}temp  power\n", style="bold")
-        for gpu in gpus:
-            total, used = gpu["mem_total_mib"], gpu["mem_used_mib"]
-            mem_pct = 100 * used / total if total and used is not None else None
-            text.append(f"GPU{gpu['index']} {(gpu['name'] or '').removeprefix('NVIDIA ')[:6]:<6} ")
-            text.append_text(bar(gpu["util"]))
-            text.append(f"{gpu['util'] if gpu['util'] is not None else 'n/a':>3}% ")
-            text.append_text(bar(mem_pct))
-            gib = f"{used / 1024:.0f}/{total / 1024:.0f}G" if total and used is not None else "n/a"
-            temp = f"{gpu['temp_c']}°C" if gpu["temp_c"] is not None else "n/a"
-            power = f"{gpu['power_w']:.0f} W" if gpu["power_w"] is not None else "n/a"
-            text.append(f" {gib}  {temp}  {power}\n")
-            for proc in gpu["processes"]:
-                owner = f"run {proc['run_id']}" if proc.get("run_id") else (proc.get("user") or "?")
-                style = "" if proc.get("run_id") else "dim"
-                text.append(f"    pid {proc['pid']} {proc['mem_mib'] or 0} MiB ({owner})\n", style=style)
-        self.update(text)
+
+def health_styles(theme: Theme | None) -> dict[str, str]:
+    """A health answer class's colour in the theme: 200 as success, 503 as a warning, refused and errors as errors."""
+    colours = signals(theme)
+    return {"ok": colours.success, "http": colours.warning, "refused": colours.error, "error": f"bold {colours.error}"}
 
 
 class RunDetail(Static):
-    """The selected run: state, phase, health, a stall and its stacks, failures explained, the command."""
+    """The selected run: state, phase, health while it lives, its startup timeline and health history, a stall
+    with its top frames and what to try, failures explained, the run it replaced, the command."""
 
-    def show(self, run: dict[str, Any] | None) -> None:
-        self.update(detail_text(run))
+    shown: Text | None = None
+
+    def show(self, run: RunInfo | None, facts: RunFacts | None = None) -> None:
+        width = self.content_region.width or DETAIL_WIDTH
+        text = detail_text(run, facts, time.time(), width, health_styles(self.app.current_theme))
+        if text != self.shown:  # an update lays the whole screen out again: only when something changed
+            self.shown = text
+            self.update(text)
 
 
-def detail_text(run: dict[str, Any] | None) -> Text:
+def ended_text(run: Mapping[str, Any]) -> str:
+    if run.get("signal"):
+        return f"ended by signal SIG{run['signal']}"
+    if run.get("exit_code") is not None:
+        return f"exit code {run['exit_code']}"
+    return "ended, exit unknown"
+
+
+def health_text(line: Timeline, now: float, width: int, styles: Mapping[str, str]) -> Text:
+    """The health answers from launch to now (or the end) as one cell per slice: refused · 503 ▒ 200 █."""
+    start = line.launched_at if line.launched_at is not None else (line.health[0].at if line.health else now)
+    end = line.ended_at if line.ended_at is not None else now
+    text = Text("health ")
+    for answer in health_strip(line, start, end, width):
+        text.append(HEALTH_CELLS[answer] if answer else " ", style=styles.get(answer or "", ""))
+    text.append(f" {seconds(end - start)}", style="dim")
+    return text
+
+
+def hanging(line: str, width: int) -> str:
+    """`line` wrapped to `width` with its continuation lines indented under its first word's end (`  try: ...`),
+    printable, ending in a newline."""
+    indent = " " * (len(line) - len(line.lstrip()) + len("try: "))
+    wrapped = textwrap.wrap(printable(line), width, subsequent_indent=indent, drop_whitespace=True)
+    return "\n".join(wrapped or [""]) + "\n"
+
+
+def detail_text(
+    run: Mapping[str, Any] | None,
+    facts: RunFacts | None = None,
+    now: float | None = None,
+    width: int = DETAIL_WIDTH,
+    styles: Mapping[str, str] | None = None,
+) -> Text:
     """What the detail panel shows of a run, one printable line per fact (see `printable`)."""
     if run is None:
         return Text("no run selected", style="dim")
+    facts = facts or RunFacts()
+    now = time.time() if now is None else now
+    alive = run["state"] not in TERMINAL_STATES
     text = Text(printable(f"{run['id']}  {run['name']}  ({run['kind']})  "))
     text.append_text(state_text(run["state"]))
-    text.append("\n" + printable(f"phase {run.get('phase') or '-'}  health {run.get('health') or '-'}") + "\n")
+    # A training or an extraction has no phase: how far its rows say it got is its status.
+    status = f"phase {run['phase']}" if run.get("phase") else (facts.progress or "phase -")
+    if alive and run.get("health"):
+        status += f"  health {run['health']}"  # a dead server answers nothing: its last answer is not shown
+    if alive and run["state"] != "ready" and facts.silent_s is not None and facts.silent_s >= SILENT_SHOWN_S:
+        status += f"  silent for {'over ' if not facts.silent_exact else ''}{facts.silent_s:.0f} s"
+    text.append("\n" + printable(status) + "\n")
+    if not alive:
+        text.append(printable(ended_text(run)) + "\n", style="bold red" if run["state"] in FAILED_STATES else "")
+    if facts.line is not None and run["kind"] == "serve":
+        for line in summary_lines(facts.line, now, width):
+            text.append(printable(line) + "\n")
+        if facts.parent_line is not None and facts.parent_line.phases:
+            compared = comparison_steps(facts.line, facts.parent_line, now)
+            for line in wrap_steps(["vs the run it replaced:", *compared], width):
+                text.append(printable(line) + "\n", style="dim")
+        if facts.line.health and alive:
+            strip = max(width - HEALTH_LABELS, 8)
+            text.append_text(health_text(facts.line, now, strip, styles or health_styles(None)))
+            text.append("\n")
     if run["state"] == "stalled":
         text.append(printable(stall_text(run)) + "\n", style="bold yellow")
+        for frame in facts.frames:
+            text.append(printable(f"  at {frame}") + "\n")
+        advice = STALL_ADVICE.get(run.get("stall_kind") or "idle", STALL_ADVICE["idle"])
+        text.append(hanging(f"  try: {advice}", width))
     for diagnosis in run.get("diagnoses") or []:
         text.append(printable(f"{diagnosis['code']}: {diagnosis['meaning']}") + "\n", style="bold red")
-        text.append(printable(f"  try: {diagnosis['hint']}") + "\n")
+        text.append(hanging(f"  try: {diagnosis['hint']}", width))
     if run.get("error"):
         text.append(printable(f"error: {run['error']}") + "\n", style="red")
+    if not alive and facts.last_exception:
+        text.append(printable(f"last exception: {facts.last_exception}") + "\n", style="red")
     if run.get("corrupt"):
         text.append(printable(corrupt_text(run)) + "\n", style="bold red")
+    if run.get("parent"):
+        changes = changed_flags(facts.parent["argv"], run["argv"]) if facts.parent else []
+        changed = f": {', '.join(changes)}" if changes else ""
+        text.append(printable(f"relaunch of {run['parent']}{changed}") + "\n")
+    for line in bench_lines((run.get("bench") or [])[-BENCH_SHOWN:], width):
+        text.append(printable(line) + "\n")
     command = command_line(run["argv"])
     text.append(command if len(command) <= COMMAND_CHARS else command[: COMMAND_CHARS - 1] + "…", style="dim")
     return text

@@ -4,4 +4,6 @@ import sys
 
 from tests.sglang_standin import main
 
-sys.exit(main())
+# The stand-in's scheduler child is spawned and imports this module again: only the server itself runs main().
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Facts about this host: its processes, GPUs and disks."""

@@ -1,0 +1,334 @@
+"""Run control: launch, kill and relaunch, on top of the run store.
+
+Blocking functions; the agent calls the slow ones in a thread. Every signal
+goes through procinfo.signal_if_ours, with identities taken when the run's
+processes were listed, so a pid recycled meanwhile is never signalled.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from backends import PACKAGE_ROOT
+from backends.argv_edit import ArgvEditError, edit_argv
+from backends.host import diskspace, procinfo
+from backends.masking import mask_argv, mask_env
+from backends.protocol import SIGNAL_NAMES, KilledProcess, KillResult, PreflightResult, StacksResult
+from backends.runs import preflight, stages, watch
+from backends.runs.store import STACKS, RunDir, RunSpec, RunStore, StoreError
+
+LAUNCH_CONFIRM_S = 5.0
+POLL_S = 0.01  # a kill is answered when its processes are seen gone: a coarse poll only adds wait
+KILL_ESCALATION_WAIT_S = 5.0
+EXIT_RECORD_WAIT_S = 2.0
+
+
+class OpError(Exception):
+    """An operation that cannot be done; the message says why and what to do."""
+
+    def __init__(self, code: str, message: str, details: Any = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.details = details
+
+
+def gate(spec: RunSpec, force: bool) -> PreflightResult:
+    """The pre-launch checks: one of our stages with an interpreter that cannot run it, a serve command's flag
+    SGLang refuses, or doctor's errors in its draft refuse the launch unless forced."""
+    unfit = stages.python_problem(spec.argv, spec.env, spec.cwd)
+    if unfit is not None and not force:
+        raise OpError("python_unfit", unfit)
+    checked = preflight.check_launch(spec.kind, spec.argv, spec.cwd, spec.env)
+    if force:
+        return checked
+    flags, verdict = checked["flags"], checked["doctor"]
+    if flags is not None and flags["severity"] == "error":
+        fix = flags["fix"] or "fix it, or launch with --force"
+        raise OpError("flags_refused", f"{flags['message']}; {fix}", details=verdict)
+    if verdict is not None and verdict["errors"]:
+        codes = sorted({f["code"] for f in verdict["findings"] if f["severity"] == "error"})
+        raise OpError(
+            "doctor_refused",
+            f"doctor found {verdict['errors']} error(s) in the draft ({', '.join(codes)}); "
+            "fix them, or launch with --force to start anyway",
+            details=verdict,
+        )
+    return checked
+
+
+def start_supervisor(run: RunDir) -> None:
+    # cwd = the folder holding `backends`, so `-m` finds it whether installed or uploaded.
+    result = subprocess.run(
+        [sys.executable, "-m", "backends.runs.supervise", "--detach", str(run.path)],
+        cwd=PACKAGE_ROOT,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        timeout=30,
+        check=False,
+    )
+    if result.returncode != 0:
+        detail = result.stderr.decode(errors="replace").strip().splitlines()[-1:] or ["no output"]
+        raise OpError("launch_failed", f"the run supervisor did not start: {detail[0]}")
+
+
+def _exit_written(run: RunDir) -> bool:
+    """Whether exit.json is there (a corrupt one is there too: waiting longer will not mend it)."""
+    try:
+        return run.exit() is not None
+    except StoreError:
+        return True
+
+
+def wait_started(run: RunDir, timeout: float = LAUNCH_CONFIRM_S) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if run.child() is not None or _exit_written(run):
+            return
+        time.sleep(POLL_S / 2)
+
+
+def launch(store: RunStore, spec: RunSpec, checked: PreflightResult | None = None) -> dict[str, Any]:
+    """Create the run, start its supervisor, and report its first state.
+
+    `checked` is what the pre-launch checks found (see `gate`); it is kept in the
+    run's events and returned.
+    """
+    run = store.create(spec)
+    flags, verdict = (checked["flags"], checked["doctor"]) if checked is not None else (None, None)
+    try:
+        if flags is not None:
+            run.append_event("flags", **flags)
+        if verdict is not None:
+            run.append_event(
+                "doctor", errors=verdict["errors"], warnings=verdict["warnings"], findings=verdict["findings"]
+            )
+        run.append_event(
+            "launch",
+            kind=spec.kind,
+            name=spec.name,
+            argv=mask_argv(spec.argv),
+            env=mask_env(spec.env),
+            cwd=spec.cwd,
+            gpus=spec.gpus,
+            parent=spec.parent,
+        )
+    except OSError as exc:
+        shutil.rmtree(run.path, ignore_errors=True)  # nothing was started: no half-made run left behind
+        why = diskspace.no_space_message(run.path) if diskspace.is_full(exc) else str(exc.strerror or exc)
+        raise StoreError(f"{why}: the run was not launched; free some space or choose another --workdir") from None
+    start_supervisor(run)
+    wait_started(run)
+    info = run.info()
+    return {
+        "run": run.id,
+        "state": info["state"],
+        "pid": info["pid"],
+        "error": info["error"],
+        "doctor": verdict,
+        "flags": flags,
+    }
+
+
+def _alive(idents: dict[int, procinfo.ProcIdentity]) -> dict[int, procinfo.ProcIdentity]:
+    return {pid: ident for pid, ident in idents.items() if procinfo.is_alive(ident)}
+
+
+def kill(run: RunDir, signal_name: str = "TERM", grace: float = 10.0) -> KillResult:
+    """Signal every process of the run once; after `grace` seconds SIGKILL whatever of the run is left.
+
+    Processes that appear after the first signal (a TERM handler's cleanup) are left alone until the
+    grace period is over: the grace is theirs too.
+    """
+    if signal_name not in SIGNAL_NAMES:
+        raise OpError("bad_args", f"signal must be one of {', '.join(SIGNAL_NAMES)}")
+    child = run.child()
+    if child is not None and child.boot_id != procinfo.boot_id():
+        raise OpError(
+            "other_boot",
+            f"run {run.id} was started on another boot or host (boot id {child.boot_id}, here "
+            f"{procinfo.boot_id()}); no process here is provably its own, so nothing was signalled",
+        )
+    targets = run.processes()
+    if not targets:
+        raise OpError("not_running", f"run {run.id} has no live process (state {run.state()}); nothing to kill")
+    sent: dict[int, list[str]] = {}
+    refused: list[dict[str, Any]] = []
+
+    def send(sig: signal.Signals, idents: dict[int, procinfo.ProcIdentity]) -> None:
+        # Recorded first (it makes the run `killed`, not `failed`), but a full disk must not stop the kill.
+        with contextlib.suppress(OSError):
+            run.append_event("signal", signal=sig.name.removeprefix("SIG"), pids=sorted(idents), by="kill")
+        for pid, ident in idents.items():
+            reason = procinfo.signal_if_ours(ident, sig)
+            if reason is None:
+                sent.setdefault(pid, []).append(sig.name.removeprefix("SIG"))
+            elif procinfo.is_alive(ident) and all(r["pid"] != pid for r in refused):
+                refused.append({"pid": pid, "reason": reason})
+
+    def wait_gone(seconds: float) -> dict[int, procinfo.ProcIdentity]:
+        """What is left of the run (the first targets and any newcomer) after up to `seconds`."""
+        deadline = time.monotonic() + seconds
+        while True:
+            left = _alive(targets)
+            if not left:
+                # Cheap checks until the known ones are gone; only then the full scan for newcomers.
+                left = run.processes()
+                targets.update(left)
+            if not left or time.monotonic() >= deadline:
+                return left
+            time.sleep(POLL_S)
+
+    first = signal.Signals[f"SIG{signal_name}"]
+    send(first, targets)
+    survivors = wait_gone(grace)
+    escalated = False
+    if survivors and first != signal.SIGKILL:
+        escalated = True
+        targets.update(survivors)
+        send(signal.SIGKILL, survivors)
+        wait_gone(KILL_ESCALATION_WAIT_S)
+    _wait_exit_record(run)
+    processes: list[KilledProcess] = [
+        {"pid": pid, "signals": sent.get(pid, []), "died": not procinfo.is_alive(ident)}
+        for pid, ident in sorted(targets.items())
+    ]
+    return {"run": run.id, "state": run.state(), "processes": processes, "refused": refused, "escalated": escalated}
+
+
+def _wait_exit_record(run: RunDir) -> None:
+    """Give a live supervisor a moment to write exit.json, so the state we report is final."""
+    supervisor = run.supervisor()
+    deadline = time.monotonic() + EXIT_RECORD_WAIT_S
+    while supervisor is not None and procinfo.is_alive(supervisor) and not _exit_written(run):
+        if time.monotonic() > deadline:
+            return
+        time.sleep(POLL_S)
+
+
+def has_live_processes(run: RunDir) -> bool:
+    return bool(run.processes())
+
+
+def relaunch(
+    store: RunStore,
+    ref: str,
+    sets: list[str],
+    unsets: list[str],
+    grace: float,
+    force: bool = False,
+    dry_run: bool = False,
+) -> dict[str, Any]:
+    """Launch a copy of a run with flags set or removed, linked to it as parent.
+
+    The copy passes the pre-launch gate before anything else happens; then a
+    parent that is still alive is stopped: both would want the same GPUs and port.
+    `dry_run` stops after the gate: the copy's command line, whether the parent has processes to stop, and
+    what the checks found; nothing stopped.
+    """
+    parent = store.get(ref)
+    spec = parent.trusted_spec()
+    if not all(isinstance(x, str) for x in [*sets, *unsets]):
+        raise OpError("bad_args", "flags to set or unset must be strings")
+    try:
+        argv = edit_argv(spec.argv, sets, unsets)
+    except ArgvEditError as exc:
+        raise OpError("bad_args", str(exc)) from None
+    child_spec = dataclasses.replace(spec, argv=argv, parent=parent.id, created_at=time.time())
+    checked = gate(child_spec, force)
+    if dry_run:
+        return {
+            "parent": parent.id,
+            "would_stop": has_live_processes(parent),
+            "argv": mask_argv(argv),
+            "flags": checked["flags"],
+            "doctor": checked["doctor"],
+        }
+    stopped = kill(parent, "TERM", grace) if has_live_processes(parent) else None
+    result = launch(store, child_spec, checked)
+    result.update(parent=parent.id, argv=mask_argv(argv), stopped_parent=stopped)
+    return result
+
+
+def owner_lookup(store: RunStore) -> dict[int, str]:
+    """pid of each live run child -> run id, to attribute GPU processes to runs."""
+    owners: dict[int, str] = {}
+    for run in store.all():
+        if _exit_written(run):
+            continue
+        child = run.child()
+        if child is not None and procinfo.is_alive(child):
+            owners[child.pid] = run.id
+    return owners
+
+
+def owner_of(pid: int, owners: dict[int, str]) -> str | None:
+    """The run whose process tree holds pid: by parent chain, else by process group."""
+    for candidate in (pid, *procinfo.ancestors(pid)):
+        if candidate in owners:
+            return owners[candidate]
+    stat = procinfo.read_stat(pid)
+    if stat is not None and stat.pgid in owners:
+        return owners[stat.pgid]
+    return None
+
+
+def checked_spec(args: dict[str, Any], cwd_default: str | None) -> RunSpec:
+    """A RunSpec from launch arguments; OpError("bad_args") when they make no sense."""
+    env = dict(args["env"])
+    argv = list(args["argv"])
+    if args["module"] is not None:
+        try:
+            argv = stages.module_argv(args["python"] or sys.executable, args["module"], argv, args["nproc"])
+        except ValueError as exc:
+            raise OpError("bad_args", str(exc)) from None
+        # The child runs in the user's folder, yet must import our package.
+        inherited = env.get("PYTHONPATH", os.environ.get("PYTHONPATH"))
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PACKAGE_ROOT), inherited]))
+    elif args["nproc"] is not None or args["python"] is not None:
+        raise OpError("bad_args", "nproc and python go with one of our modules (extract, train)")
+    spec = RunSpec(
+        kind=args["kind"],
+        argv=argv,
+        name=args["name"] or "",
+        env=env,
+        cwd=args["cwd"] or cwd_default,
+        gpus=list(args["gpus"]),
+        health_url=args["health_url"],
+        stall_after=args["stall_after"],
+        metrics_from=args["metrics_from"],
+    )
+    try:
+        spec.validate()
+    except StoreError as exc:
+        raise OpError("bad_args", str(exc)) from None
+    if not spec.name:
+        spec.name = Path(spec.argv[0]).name if spec.kind == "command" else spec.kind
+    return spec
+
+
+def stacks(run: RunDir, now: bool) -> StacksResult:
+    """The run's latest stack dump; with `now` (or when it has none yet), a fresh one of its live processes."""
+    folder = run.file(STACKS)
+    dumps = sorted(folder.glob("*.txt")) if folder.is_dir() else []
+    if now or not dumps:
+        members = sorted(run.processes())
+        if not members:
+            why = "no live process" if not dumps else "no live process to dump now"
+            raise OpError("no_stacks", f"run {run.id} has {why}{'' if dumps else ' and no stack dump'}")
+        path = watch.dump_stacks(run, members)
+        run.append_event("stacks", file=f"{STACKS}/{path.name}", pids=members, by="request")
+        dumps = [path]
+    latest = dumps[-1]
+    text = watch.mask_stacks(run, latest.read_text(errors="replace"))  # dumps written before masking existed
+    return {"file": f"{STACKS}/{latest.name}", "text": text, "taken_at": latest.stat().st_mtime}

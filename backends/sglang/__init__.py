@@ -1,0 +1,1 @@
+"""SGLang, the serving engine: the only package that knows its flags, log lines, releases and runtime."""

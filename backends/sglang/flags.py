@@ -1,0 +1,260 @@
+"""A serve command's flags, checked by the SGLang that will run them, before anything is stopped or started.
+
+SGLang's own argument parser is the only authority on its flags (they change
+with every release: `--cuda-graph-max-bs` became ambiguous in 0.5.23). It runs
+in a subprocess of the serve command's own interpreter, with the launch's
+environment, so the parser is the one the server would use; importing it takes
+a second or two and needs no GPU. A command whose interpreter is missing or has
+no SGLang at all is refused (the server would die at once); one whose SGLang
+cannot import its parser is not checked, and says so.
+
+Verdicts are kept in a small cache (~/.cache/eagle3-console/serve-flags.json),
+keyed by the interpreter, the flags and the launch's environment, and trusted
+only while the parser's source file is the one that gave them: a relaunch with
+the same flags is not parsed again, an upgraded SGLang is.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from backends.fileio import atomic_write_json
+from backends.masking import mask_text
+from backends.protocol import Finding, RelaunchPresetsResult
+from backends.sglang import facts
+from backends.sglang.facts import SERVER_MODULES
+
+CHECK_TIMEOUT_S = 60.0
+CACHE_ENTRIES = 64
+
+# Runs in the serve command's interpreter: parse argv[1:] with ServerArgs' parser and print one JSON line: the
+# verdict, the warnings the parser logged or warned while parsing (a deprecated flag: 0.5.23's `--disable-cuda-graph`),
+# and the SGLang version.
+_PARSE = """
+import argparse, importlib.metadata, json, logging, re, sys, warnings
+try:
+    from sglang.srt import server_args
+    from sglang.srt.server_args import ServerArgs
+except Exception as exc:
+    missing = getattr(exc, "name", None) if isinstance(exc, ModuleNotFoundError) else None
+    print(json.dumps({"unavailable": f"{type(exc).__name__}: {exc}", "missing": missing}))
+    raise SystemExit(0)
+
+class Refused(Exception):
+    pass
+
+class Parser(argparse.ArgumentParser):
+    def error(self, message):
+        raise Refused(message)
+
+class Said(logging.Handler):
+    def __init__(self):
+        super().__init__(logging.WARNING)
+        self.messages = []
+    def emit(self, record):
+        self.messages.append(record.getMessage())
+
+try:
+    version = importlib.metadata.version("sglang")
+except importlib.metadata.PackageNotFoundError:
+    version = None
+parser = Parser(prog="sglang.launch_server")
+ServerArgs.add_cli_args(parser)
+said = Said()
+logging.getLogger().addHandler(said)
+verdict = {"parser": server_args.__file__, "version": version}
+with warnings.catch_warnings(record=True) as warned:
+    warnings.simplefilter("always")
+    try:
+        parser.parse_args(sys.argv[1:])
+    except Refused as exc:
+        verdict["refused"] = str(exc)
+    else:
+        verdict["ok"] = True
+ansi = re.compile(r"\\x1b\\[[0-9;]*m")  # SGLang colours its deprecation warnings
+verdict["warnings"] = [ansi.sub("", text).strip() for text in [*said.messages, *(str(w.message) for w in warned)]]
+print(json.dumps(verdict))
+"""
+
+
+def server_command(argv: list[str]) -> tuple[str, list[str]] | None:
+    """(interpreter, server flags) when argv runs `PYTHON [OPTIONS] -m sglang.launch_server FLAGS...`."""
+    if not argv or not Path(argv[0]).name.startswith("python"):
+        return None
+    for index in range(1, len(argv) - 1):
+        if argv[index] == "-m":
+            return (argv[0], argv[index + 2 :]) if argv[index + 1] in SERVER_MODULES else None
+        if not argv[index].startswith("-"):
+            return None  # a script, not a module
+    return None
+
+
+class _Unchecked(Exception):
+    """SGLang's parser gave no verdict (the message says why)."""
+
+
+class _NoPython(_Unchecked):
+    """The serve command's interpreter is not a program on the host."""
+
+
+def check(argv: list[str], env: Mapping[str, str] | None = None, cwd: str | None = None) -> Finding | None:
+    """SGLang's verdict on a serve command's flags: an error finding when refused, a warning one when accepted with
+    warnings (a deprecated flag), an info one when unchecked, None when valid."""
+    command = server_command(argv)
+    if command is None:
+        return None
+    python, flags = command
+    try:
+        verdict = _verdict(python, flags, argv, env, cwd)
+    except _NoPython as exc:
+        return _no_sglang(str(exc))
+    except _Unchecked as exc:
+        return _unchecked(str(exc))
+    warned = " ".join(verdict["warnings"])
+    if "refused" in verdict:
+        return Finding(
+            code="launch-flags",
+            severity="error",
+            message=f"SGLang's argument parser refuses this command line: {verdict['refused']}"
+            + (f" (it also warns: {warned})" if warned else ""),
+            fix="correct the flag (SGLang would exit at once); launch with --force to start anyway",
+        )
+    if verdict.get("missing") == "sglang":
+        return _no_sglang(f"{python} has no SGLang (No module named 'sglang')")
+    if not verdict.get("ok"):
+        return _unchecked(f"{python} cannot import SGLang's server arguments ({verdict.get('unavailable')})")
+    if warned:
+        return Finding(
+            code="launch-flags-warned",
+            severity="warning",
+            message=f"SGLang {verdict.get('version') or '?'}'s argument parser accepts this command line but warns: "
+            + warned,
+            fix=deprecation_fix(verdict.get("version"), flags),
+        )
+    return None
+
+
+def deprecation_fix(version: str | None, flags: list[str]) -> str | None:
+    """What to write instead of the deprecated flags among `flags`, as `version` spells it (None: none known)."""
+    renames = facts.deprecated_flags(version)
+    used = [flag for flag in dict.fromkeys(f.partition("=")[0] for f in flags) if flag in renames]
+    if not used:
+        return None
+    return "; ".join(f"write {' '.join(renames[flag])} instead of {flag}" for flag in used)
+
+
+def relaunch_presets(
+    argv: list[str], env: Mapping[str, str] | None = None, cwd: str | None = None
+) -> RelaunchPresetsResult:
+    """The relaunch presets for a serve command, spelled for the SGLang that parses its flags (its verdict is
+    usually cached from the launch): {"version": V or None, "presets": [...]}."""
+    command = server_command(argv)
+    version = None
+    if command is not None:
+        with contextlib.suppress(_Unchecked):
+            version = _verdict(command[0], command[1], argv, env, cwd).get("version")
+    return {"version": version, "presets": list(facts.relaunch_presets(version))}
+
+
+def _verdict(
+    python: str, flags: list[str], argv: list[str], env: Mapping[str, str] | None, cwd: str | None
+) -> dict[str, Any]:
+    """The parser's verdict on `flags` (cached, or asked now), its quotes of secret values masked; _Unchecked
+    when the interpreter gives none."""
+    key = _cache_key(python, flags, env, cwd)
+    verdict = _cached(key)
+    if verdict is not None:
+        return verdict
+    try:
+        done = facts.run_python(python, ["-c", _PARSE, *flags], {**os.environ, **(env or {})}, cwd, CHECK_TIMEOUT_S)
+    except (FileNotFoundError, PermissionError) as exc:
+        raise _NoPython(f"{python} is not a Python on the host ({exc.strerror})") from None
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise _Unchecked(f"{python} could not run SGLang's parser ({exc})") from None
+    lines = done.stdout.strip().splitlines()
+    try:
+        verdict = json.loads(lines[-1]) if lines else {}
+    except ValueError:
+        verdict = {}
+    if not isinstance(verdict, dict) or not verdict:
+        last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        raise _Unchecked(f"SGLang's parser exited {done.returncode} without a verdict: {last}")
+    # argparse quotes the words it refuses, and a warning may quote a flag: secret values among them.
+    if "refused" in verdict:
+        verdict["refused"] = mask_text(str(verdict["refused"]), argv)
+    verdict["warnings"] = [mask_text(str(w), argv) for w in verdict.get("warnings") or []]
+    _remember(key, verdict)
+    return verdict
+
+
+def _no_sglang(why: str) -> Finding:
+    """The server could not even start: its interpreter is missing or has no SGLang."""
+    return Finding(
+        code="launch-python",
+        severity="error",
+        message=why,
+        fix="give --python PATH, the host's Python that has SGLang (or launch with --force)",
+    )
+
+
+def _unchecked(why: str) -> Finding:
+    return Finding(code="launch-flags-unchecked", severity="info", message=f"flags not checked: {why}", fix=None)
+
+
+def cache_file() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "eagle3-console" / "serve-flags.json"
+
+
+def _cache_key(python: str, flags: list[str], env: Mapping[str, str] | None, cwd: str | None) -> str:
+    # Not the interpreter's real path: two venvs share one, but not their packages.
+    where = os.path.abspath(shutil.which(python) or python)
+    seen = [where, flags, sorted((env or {}).items()), os.environ.get("PYTHONPATH"), cwd]
+    return hashlib.sha256(json.dumps(seen).encode()).hexdigest()
+
+
+def _parser_stamp(path: object) -> list[int] | None:
+    try:
+        stat = os.stat(str(path))
+    except OSError:
+        return None
+    return [stat.st_mtime_ns, stat.st_size]
+
+
+def _read_cache() -> dict[str, Any]:
+    try:
+        data = json.loads(cache_file().read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _cached(key: str) -> dict[str, Any] | None:
+    """A verdict given before by the very parser file that would parse now."""
+    entry = _read_cache().get(key)
+    if not isinstance(entry, dict) or not isinstance(entry.get("verdict"), dict):
+        return None
+    verdict: dict[str, Any] = entry["verdict"]
+    if not isinstance(verdict.get("warnings"), list):
+        return None  # kept by an older version, which did not keep the parser's warnings: ask again
+    return verdict if entry.get("stamp") == _parser_stamp(verdict.get("parser")) else None
+
+
+def _remember(key: str, verdict: dict[str, Any]) -> None:
+    stamp = _parser_stamp(verdict.get("parser"))
+    if stamp is None or not ("ok" in verdict or "refused" in verdict):
+        return  # only a parser's own verdict is worth keeping
+    entries = _read_cache()
+    entries.pop(key, None)
+    entries[key] = {"verdict": verdict, "stamp": stamp}
+    with contextlib.suppress(OSError):  # a read-only home only costs the next check its second or two
+        cache_file().parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_json(cache_file(), dict(list(entries.items())[-CACHE_ENTRIES:]))

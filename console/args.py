@@ -1,0 +1,497 @@
+"""The command line's grammar: the global options, each command's words (`Grammar`), and how a command line is
+cut before argparse reads it (the run's own command after `--`, a stage's own arguments).
+
+What each command does is `console.cli`'s; it ties each grammar here to its handler, once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal, NoReturn
+
+import backends
+from backends import serving
+from backends.extract import args as extract_args
+from backends.protocol import MIN_INTERVAL_S, RUN_KINDS, SIGNAL_NAMES, parse_source
+from backends.train import args as train_args
+from console import config
+
+# The global options that take a value: the word after each is not HOST.
+VALUED_OPTIONS = ("--workdir", "--remote-python")
+
+
+class UsageError(Exception):
+    pass
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with one-line errors and exit code 2."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(f"{message} (see '{self.prog} --help')")
+
+
+def gpu_list(text: str) -> list[int]:
+    try:
+        gpus = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a GPU list like 0,1,3") from None
+    if any(g < 0 for g in gpus):
+        raise argparse.ArgumentTypeError("GPU indices cannot be negative")
+    return gpus
+
+
+def env_pair(text: str) -> tuple[str, str]:
+    name, sep, value = text.partition("=")
+    if not sep or not name:
+        raise argparse.ArgumentTypeError(f"{text!r} is not NAME=VALUE")
+    return name, value
+
+
+def seconds(text: str) -> float:
+    """A time in seconds, 0 or more: not nan, not inf."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds")
+    if value < 0:
+        raise argparse.ArgumentTypeError("seconds cannot be negative")
+    return value
+
+
+def positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError("give 1 or more")
+    return value
+
+
+def stall_window(text: str) -> float:
+    value = seconds(text)
+    if value == 0:
+        raise argparse.ArgumentTypeError("a stall window is more than 0 seconds")
+    return value
+
+
+def interval(text: str) -> float:
+    value = seconds(text)
+    if value < MIN_INTERVAL_S:
+        raise argparse.ArgumentTypeError(f"give at least {MIN_INTERVAL_S} s: a shorter interval only spins the host")
+    return value
+
+
+def metrics_source(text: str) -> str:
+    try:
+        return parse_source(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def as_flag(text: str) -> str:
+    """'disable-cuda-graph' and '--disable-cuda-graph' both name the flag."""
+    return text if text.startswith("-") else f"--{text}"
+
+
+# What may follow a command's options: nothing; the run's own command line after '--' ("argv"); or every word
+# ("rest": a stage's own arguments, which argparse never sees).
+Tail = Literal["none", "argv", "rest"]
+
+
+@dataclass(frozen=True)
+class Grammar:
+    """One command's words: its name, its line in `--help`, and its arguments and options."""
+
+    name: str
+    help: str
+    arguments: Callable[[Parser], None]
+    description: str | None = None
+    tail: Tail = "none"
+
+    def check_tail(self, tail: list[str]) -> None:
+        if tail and self.tail == "none":
+            raise UsageError(f"'--' and a command line only go with 'launch', not {self.name!r}")
+
+
+def command(
+    name: str, help: str, *, description: str | None = None, tail: Tail = "none"
+) -> Callable[[Callable[[Parser], None]], Grammar]:
+    """The grammar of the command `name`, whose arguments the decorated function adds to its parser."""
+
+    def grammar(arguments: Callable[[Parser], None]) -> Grammar:
+        return Grammar(name, help, arguments, description, tail)
+
+    return grammar
+
+
+@command("status", "runs and GPUs; with RUN, that run whole")
+def status(p: Parser) -> None:
+    p.add_argument("run", nargs="?", metavar="RUN", help="one run, every field whole (the runs table cuts large ones)")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+
+
+@command("launch", "start a run: launch KIND [options] -- ARGV...", tail="argv")
+def launch(p: Parser) -> None:
+    p.add_argument("kind", choices=RUN_KINDS, help="what the run is: the console charts and checks each kind its way")
+    p.add_argument("--name", help="a name to find the run by")
+    p.add_argument("--gpus", type=gpu_list, default=[], help="GPUs for CUDA_VISIBLE_DEVICES, e.g. 0,1")
+    p.add_argument("--health-url", help="URL polled for health (serve runs)")
+    p.add_argument("--stall-after", type=stall_window, help="seconds of silence before the run counts as stalled")
+    p.add_argument("--env", type=env_pair, action="append", default=[], help="NAME=VALUE for the run (repeatable)")
+    p.add_argument("--cwd", help="working directory of the run (default: the current one)")
+    p.add_argument(
+        "--metrics-from",
+        type=metrics_source,
+        metavar="SOURCE",
+        help="where a train run's metrics come from: jsonl, specforge, speculators, eagle "
+        "or tensorboard:DIR (DIR relative to the run's --cwd)",
+    )
+    p.add_argument("--force", action="store_true", help="launch even when doctor finds errors in the draft")
+    p.add_argument("--json", action="store_true", help="the launch's reply as JSON (run id, state, checks)")
+
+
+@command("watch", "print every run's changes of state as they happen, until Ctrl-C")
+def watch(p: Parser) -> None:
+    p.add_argument("--interval", type=interval, default=2.0, help="seconds between looks (default 2)")
+    p.add_argument(
+        "--json", action="store_true", help="one JSON object per change: t, from, to, and the run as status gives it"
+    )
+
+
+@command("stacks", "every process's stack of a run: the latest dump, or a fresh one with --now")
+def stacks(p: Parser) -> None:
+    p.add_argument("run", metavar="RUN", help="run id, unique id prefix, or name")
+    p.add_argument("--now", action="store_true", help="dump the live processes now (py-spy on the host)")
+
+
+@command("kill", "stop a run: SIGTERM, grace period, then SIGKILL")
+def kill(p: Parser) -> None:
+    p.add_argument("run", metavar="RUN", help="run id, unique id prefix, or name")
+    p.add_argument("--signal", choices=SIGNAL_NAMES, default="TERM", help="the first signal (default TERM)")
+    p.add_argument("--grace", type=seconds, default=10.0, help="seconds before SIGKILL (default 10)")
+    p.add_argument("--json", action="store_true", help="what was signalled and how it ended, as JSON")
+
+
+@command("relaunch", "start a copy of a run with flags changed (stops the old one)")
+def relaunch(p: Parser) -> None:
+    p.add_argument("run", metavar="RUN", help="run id, unique id prefix, or name")
+    p.add_argument(
+        "--set",
+        dest="sets",
+        type=as_flag,
+        action="append",
+        default=[],
+        metavar="FLAG[=VALUE]",
+        help="add or change a flag of the run's command line (repeatable), e.g. --set --disable-cuda-graph",
+    )
+    p.add_argument(
+        "--unset",
+        dest="unsets",
+        type=as_flag,
+        action="append",
+        default=[],
+        metavar="FLAG",
+        help="remove a flag and its value (repeatable)",
+    )
+    p.add_argument("--grace", type=seconds, default=10.0, help="seconds the old run gets before SIGKILL (default 10)")
+    p.add_argument("--force", action="store_true", help="relaunch even when doctor finds errors in the draft")
+    p.add_argument("--dry-run", action="store_true", help="show the new command line and its checks; stop nothing")
+    p.add_argument("--json", action="store_true", help="the new run (or the preview) as JSON")
+
+
+@command("free-gpus", "kill your processes holding GPU memory")
+def free_gpus(p: Parser) -> None:
+    p.add_argument("--gpus", type=gpu_list, help="GPU indices (default: all)")
+    p.add_argument("--dry-run", action="store_true", help="show the plan only")
+    p.add_argument("--yes", action="store_true", help="do it without asking")
+    p.add_argument("--timeout", type=seconds, default=15.0, help="seconds to wait for memory to be released")
+    p.add_argument("--json", action="store_true", help="the plan and what was done, as JSON")
+
+
+@command("logs", "a run's output")
+def logs(p: Parser) -> None:
+    p.add_argument("run", metavar="RUN", help="run id, unique id prefix, or name")
+    p.add_argument("--tail", type=int, help="only the last N lines")
+    p.add_argument("--follow", "-f", action="store_true", help="keep printing until the run ends")
+
+
+@command("metrics", "a run's metric rows")
+def metrics(p: Parser) -> None:
+    p.add_argument("run", metavar="RUN", help="run id, unique id prefix, or name")
+    p.add_argument("--json", action="store_true", help="one JSON object per line")
+    p.add_argument("--tail", type=int, help="only the last N rows")
+    p.add_argument("--follow", "-f", action="store_true", help="keep printing rows until the run ends")
+    p.add_argument("--wide", action="store_true", help="with --follow: every column, per-position ones included")
+    p.add_argument("--csv", action="store_true", help="CSV: a header, then every row, one column per metric")
+
+
+@command("export", "write a run's metrics to files on this machine: export RUN --tensorboard DIR")
+def export(p: Parser) -> None:
+    p.add_argument("run", metavar="RUN", help="run id, unique id prefix, or name")
+    p.add_argument(
+        "--tensorboard",
+        metavar="DIR",
+        type=Path,
+        required=True,
+        help="the folder for a TensorBoard event file, one scalar tag per metric (SpecForge's tags where it has them)",
+    )
+
+
+@command("doctor", "check a draft against its target, data and SGLang, from files alone")
+def doctor(p: Parser) -> None:
+    p.add_argument("draft", metavar="DRAFT", help="the draft folder (config.json + weights)")
+    p.add_argument("--target", help="the target model folder")
+    p.add_argument("--data", help="the extraction folder the draft was trained on")
+    p.add_argument("--sglang-version", help="the SGLang release that will serve (default: the host's)")
+    p.add_argument("--context-length", type=int, help="the --context-length the server will get")
+    p.add_argument("--dry-load", action="store_true", help="also feed the draft to the host SGLang's own loader")
+    p.add_argument(
+        "--sglang-python",
+        metavar="PATH",
+        help="the host's Python that serves SGLang: its version and its loader (default: the agent's)",
+    )
+    p.add_argument("--json", action="store_true", help="the findings as JSON")
+
+
+@command("convert", "convert a speculators or original-EAGLE draft to the SGLang layout")
+def convert(p: Parser) -> None:
+    p.add_argument("src", metavar="SRC", help="the draft folder to convert, on the host")
+    p.add_argument("dst", metavar="DST", help="the folder to write the converted draft to")
+    p.add_argument("--to", choices=("sglang",), default="sglang", help="the layout to write (default sglang)")
+    p.add_argument("--json", action="store_true", help="doctor's findings on the result, as JSON")
+
+
+@command(
+    "serve",
+    "serve a target with its EAGLE-3 draft: serve TARGET DRAFT [options] [-- SGLANG FLAGS...]",
+    description="Shorthand for `launch serve -- PYTHON -m sglang.launch_server --model-path TARGET "
+    "--speculative-algorithm EAGLE3 --speculative-draft-model-path DRAFT --port PORT [--tp-size #GPUS] "
+    "--enable-metrics FLAGS...` (its /metrics charted; --no-metrics leaves it out); SGLang's parser and doctor check "
+    "it first.",
+    tail="argv",
+)
+def serve(p: Parser) -> None:
+    p.add_argument("target", metavar="TARGET", help="the target model's folder (or hub name) on the host")
+    p.add_argument("draft", metavar="DRAFT", help="the draft's folder on the host")
+    p.add_argument("--name", help="a name to find the run by (default: serve)")
+    p.add_argument("--gpus", type=gpu_list, default=[], help="GPUs for CUDA_VISIBLE_DEVICES; --tp-size follows them")
+    port = serving.DEFAULT.default_port
+    p.add_argument("--port", type=int, default=port, help=f"the server's port (default {port})")
+    p.add_argument("--python", default="python3", help="the host interpreter that has SGLang (default python3)")
+    p.add_argument("--env", type=env_pair, action="append", default=[], help="NAME=VALUE for the run (repeatable)")
+    p.add_argument("--stall-after", type=stall_window, help="seconds of idle silence that make the launch stalled (30)")
+    p.add_argument("--force", action="store_true", help="launch even when SGLang's parser or doctor refuses it")
+    p.add_argument("--follow", action="store_true", help="print the startup phases until the server is ready")
+    p.add_argument(
+        "--no-metrics",
+        action="store_true",
+        help="leave out --enable-metrics: no TTFT/ITL percentiles; accept length and throughput then come from "
+        "the server's decode log lines",
+    )
+
+
+@command(
+    "bench",
+    "drive a served draft from the host: bench RUN|URL [--requests N] [--concurrency N] [--max-tokens N]",
+    description="Streams completions through the server's OpenAI-compatible API from the host (a run of its own: "
+    "`logs`, `kill`, and it goes on when the link drops), then prints acceptance length, output tok/s, and TTFT "
+    "and ITL percentiles; each result is stored with the serve run (bench.jsonl), shown by `status RUN` and the "
+    "console.",
+)
+def bench(p: Parser) -> None:
+    p.add_argument("target", metavar="RUN|URL", help="a serve run (id, prefix or name), or http://HOST:PORT")
+    p.add_argument("--prompts", default="builtin", help="builtin, or a file on the host: a prompt per line, or .jsonl")
+    p.add_argument("--requests", type=positive, default=32, help="requests in all (default 32)")
+    p.add_argument("--concurrency", type=positive, default=4, help="requests at a time (default 4)")
+    p.add_argument("--max-tokens", type=positive, default=256, help="tokens per answer at most (default 256)")
+    p.add_argument("--api", choices=("chat", "completions"), default="chat", help="the endpoint (default chat)")
+    p.add_argument("--name", help="a name to find the bench's run by (default: bench-RUN)")
+    p.add_argument("--json", action="store_true", help="print the result object instead of the table")
+
+
+# Our stages and the modules that hold their command lines (importable without torch).
+STAGE_ARGS = {"extract": extract_args, "train": train_args}
+
+
+def run_options(p: Parser | argparse._ArgumentGroup) -> None:
+    """What a stage's run gets besides the stage's own arguments."""
+    p.add_argument("--name", help="a name to find the run by (default: the stage's)")
+    p.add_argument("--gpus", type=gpu_list, default=[], help="GPUs for CUDA_VISIBLE_DEVICES, e.g. 0,1")
+    p.add_argument("--nproc", type=positive, help="processes under torchrun (one per GPU)")
+    p.add_argument("--env", type=env_pair, action="append", default=[], help="NAME=VALUE for the run (repeatable)")
+    p.add_argument("--cwd", help="working directory of the run on the host (default: the current one)")
+    p.add_argument("--python", metavar="PATH", help="the host's Python with torch to run it (default: the agent's)")
+    p.add_argument("--stall-after", type=stall_window, help="seconds of silence before the run counts as stalled")
+    p.add_argument("--follow", action="store_true", help="print its progress rows until it ends")
+
+
+def stage_groups(p: Parser, name: str) -> list[argparse.Action]:
+    """The run options and the stage's own options, each in a group of `p`; the stage's own actions."""
+    run_options(p.add_argument_group("run options (anywhere on the line)"))
+    own = p.add_argument_group(f"{name} options (python -m backends.{name} ...)")
+    STAGE_ARGS[name].add_arguments(own)
+    return own._group_actions
+
+
+def stage(name: str) -> Grammar:
+    """`extract` or `train`: the run's options and the stage's own (`python -m backends.NAME`'s), in any order."""
+
+    def arguments(p: Parser) -> None:
+        # For completion only: `stage_options` reads the stage's words with parsers of its own.
+        for action in stage_groups(p, name):
+            action.required = False
+
+    return Grammar(
+        name,
+        f"launch our {name} stage: {name} [run options] {name.upper()} OPTIONS... (see {name} --help)",
+        arguments,
+        description=f"Shorthand for `launch {name} -- python -m backends.{name} OPTIONS...`, checked here first: "
+        f"{STAGE_ARGS[name].DESCRIPTION}",
+        tail="rest",
+    )
+
+
+extract, train = stage("extract"), stage("train")
+
+
+SHELLS = ("bash", "zsh", "fish")
+
+
+class Completion(argparse.Action):
+    """`--completion SHELL`: print argcomplete's hook for SHELL, and exit."""
+
+    def __call__(
+        self, parser: argparse.ArgumentParser, namespace: object, values: object, option_string: str | None = None
+    ) -> None:
+        from argcomplete.shell_integration import shellcode  # only when asked: not every command pays for it
+
+        print(shellcode(["eagle3-console"], shell=str(values)), end="")
+        parser.exit()
+
+
+def host_names(prefix: str, **_: object) -> list[str]:
+    """HOST's completions: 'local', the hosts of config.toml and of ~/.ssh/config, and the `hosts` listing."""
+    try:
+        known = [host.name for host in config.known_hosts(config.load())]
+    except config.ConfigError:
+        known = [host.name for host in config.ssh_config_hosts()]
+    return [name for name in ("local", "hosts", *known) if name.startswith(prefix)]
+
+
+def first_word(args: list[str]) -> int:
+    """Where the words after the global options begin (HOST, or `hosts`)."""
+    i = 0
+    while i < len(args) and args[i].startswith("-"):
+        i += 2 if args[i] in VALUED_OPTIONS else 1
+    return i
+
+
+def build_parser(commands: Iterable[Grammar]) -> Parser:
+    """The global options, HOST, and `commands` in the order `--help` lists them."""
+    parser = Parser(
+        prog="eagle3-console",
+        description="Train, serve and debug EAGLE-3 drafts on a GPU host.",
+        epilog="HOST is 'local' (this machine), a host named in ~/.config/eagle3-console/config.toml, or "
+        "[user@]host[:port] (over SSH; ~/.ssh/config applies). Without a COMMAND the terminal console opens. "
+        "'eagle3-console hosts' lists the hosts it knows; 'eagle3-console HOST COMMAND --help' a command's options.",
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {backends.__version__}")
+    parser.add_argument(
+        "--completion",
+        action=Completion,
+        choices=SHELLS,
+        metavar="SHELL",
+        help="print what makes bash, zsh or fish complete this command line, e.g. "
+        'eval "$(eagle3-console --completion bash)" in ~/.bashrc, or eagle3-console --completion fish | source',
+    )
+    parser.add_argument("--workdir", type=Path, help="run store on the host (default ~/.eagle3-console)")
+    parser.add_argument(
+        "--readonly",
+        action=argparse.BooleanOptionalAction,
+        help="the console without kill, relaunch or free-gpus (--no-readonly overrides config.toml)",
+    )
+    parser.add_argument(
+        "--remote-python",
+        metavar="PATH",
+        help="the host's Python (3.10 or newer) for the agent (default: python3 on the host's PATH)",
+    )
+    parser.add_argument(
+        "--accept-new-host-key",
+        action="store_true",
+        help="trust a host key seen for the first time (its fingerprint is shown; a changed key is still refused)",
+    )
+    parser.add_argument(
+        "--no-reuse",
+        action="store_true",
+        help="over SSH, connect afresh for this command instead of through the shared connection that the first "
+        "command for a host leaves running (it exits after 5 idle minutes)",
+    )
+    host = parser.add_argument("host", metavar="HOST", help="'local', a host of config.toml, or [user@]host[:port]")
+    host.completer = host_names  # type: ignore[attr-defined]  # argcomplete's hook
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
+    for grammar in commands:
+        grammar.arguments(sub.add_parser(grammar.name, help=grammar.help, description=grammar.description))
+    return parser
+
+
+def split(words: list[str], commands: Iterable[Grammar]) -> tuple[list[str], list[str]]:
+    """The words argparse reads (each `--set VALUE` joined), and the tail it must not: a stage's own arguments,
+    or else the run's command line after the first '--'."""
+    options, tail = split_stage(words, [c.name for c in commands if c.tail == "rest"]) or split_argv(words)
+    return join_flag_values(options), tail
+
+
+def split_argv(args: list[str]) -> tuple[list[str], list[str]]:
+    """Split at the first '--': options before, the run's own argv after."""
+    if "--" in args:
+        cut = args.index("--")
+        return args[:cut], args[cut + 1 :]
+    return args, []
+
+
+def split_stage(args: list[str], stages: list[str]) -> tuple[list[str], list[str]] | None:
+    """`[GLOBAL OPTIONS] HOST STAGE REST...`: REST belongs to the stage, not to argparse."""
+    i = first_word(args)
+    if i + 1 < len(args) and args[i + 1] in stages:
+        return args[: i + 2], args[i + 2 :]
+    return None
+
+
+def join_flag_values(options: list[str]) -> list[str]:
+    """`--set --disable-cuda-graph` -> `--set=--disable-cuda-graph`: argparse alone
+    would take the value for an option of its own."""
+    joined: list[str] = []
+    items = iter(options)
+    for item in items:
+        if item in ("--set", "--unset"):
+            value = next(items, None)
+            joined.append(item if value is None else f"{item}={value}")
+        else:
+            joined.append(item)
+    return joined
+
+
+def stage_options(name: str, args: list[str]) -> tuple[argparse.Namespace, list[str]]:
+    """The run options among a stage's words, and the rest for `python -m backends.NAME`, checked by the stage's
+    own parser here so that a typo is a usage error, not a failed run on the host. `--help` prints both and exits."""
+    prog = f"eagle3-console HOST {name}"
+    if "-h" in args or "--help" in args:
+        shown = Parser(prog=prog, description=stage(name).description)
+        stage_groups(shown, name)
+        shown.print_help()
+        raise SystemExit(0)
+    own = Parser(prog=prog, add_help=False, allow_abbrev=False)
+    run_options(own)
+    opts, rest = own.parse_known_args(args)
+    check = Parser(prog=prog, add_help=False, allow_abbrev=False)
+    STAGE_ARGS[name].add_arguments(check)
+    check.parse_args(rest)
+    return opts, rest

@@ -1,0 +1,180 @@
+"""The console's settings file and the hosts it knows: `~/.config/eagle3-console/config.toml` (XDG_CONFIG_HOME
+applies), and the hosts of `~/.ssh/config`.
+
+    [defaults]                      # every host
+    stall_after = 60
+
+    [hosts.gpu1]                    # `eagle3-console gpu1 ...`
+    address = "alice@gpu1.example.com:2222"   # default: the name itself (an alias of ~/.ssh/config works)
+    remote_python = "/opt/venv/bin/python"
+    workdir = "/scratch/alice/eagle3"
+    readonly = true
+    stall_after = 30
+    description = "8x H200, training"
+
+A flag on the command line wins over the host's setting, which wins over [defaults]. A key this file does not know
+is an error, not ignored: a misspelt `remote_pyhton` would otherwise silently leave the default in force.
+"""
+
+from __future__ import annotations
+
+import glob
+import math
+import os
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # the same parser, before it joined the standard library
+    import tomli as tomllib
+
+# Each setting: its type, and what the message calls it when wrong.
+SETTINGS: dict[str, tuple[type, str]] = {
+    "remote_python": (str, "a path"),
+    "workdir": (str, "a path"),
+    "readonly": (bool, "true or false"),
+    "stall_after": (float, "a number of seconds above 0"),
+}
+HOST_ONLY: dict[str, tuple[type, str]] = {"address": (str, "[user@]host[:port]"), "description": (str, "text")}
+
+
+class ConfigError(Exception):
+    """The settings file cannot be used; the message names the file, the key and what to do."""
+
+
+@dataclass(frozen=True)
+class Host:
+    """A host the console knows: from config.toml (with its settings) or from ~/.ssh/config."""
+
+    name: str
+    address: str
+    source: str  # "config.toml" or "ssh config"
+    settings: dict[str, Any] = field(default_factory=dict)
+    description: str = ""
+
+
+@dataclass(frozen=True)
+class Config:
+    path: Path
+    defaults: dict[str, Any] = field(default_factory=dict)
+    hosts: dict[str, Host] = field(default_factory=dict)
+
+    def settings_for(self, host: str) -> tuple[str, dict[str, Any]]:
+        """(the address to connect to, the settings that apply) for HOST as typed: a name in [hosts], an address
+        one of them has, or any other host (the defaults alone)."""
+        named = self.hosts.get(host) or next((h for h in self.hosts.values() if h.address == host), None)
+        if named is None:
+            return host, dict(self.defaults)
+        return named.address, {**self.defaults, **named.settings}
+
+
+def config_path() -> Path:
+    base = os.environ.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
+    return Path(base) / "eagle3-console" / "config.toml"
+
+
+def load(path: Path | None = None) -> Config:
+    """The settings file, or an empty Config when there is none; ConfigError when it cannot be used."""
+    path = path or config_path()
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return Config(path)
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(
+            f"{path}: cannot be read ({getattr(exc, 'strerror', None) or exc}); fix or remove it"
+        ) from None
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: not valid TOML ({exc}); fix or remove it") from None
+    unknown = sorted(set(data) - {"defaults", "hosts"})
+    if unknown:
+        raise ConfigError(f"{path}: unknown table {unknown[0]!r}; it knows [defaults] and [hosts.NAME]")
+    defaults = _settings(path, "defaults", data.get("defaults", {}), SETTINGS)
+    hosts_table = data.get("hosts", {})
+    if not isinstance(hosts_table, dict):
+        raise ConfigError(f"{path}: 'hosts' must be tables like [hosts.gpu1]")
+    hosts: dict[str, Host] = {}
+    for name, table in hosts_table.items():
+        where = f"hosts.{name}"
+        if name in ("local", "hosts") or not name or name.startswith("-"):
+            raise ConfigError(f"{path}: [{where}]: {name!r} cannot name a host here; choose another name")
+        settings = _settings(path, where, table, {**SETTINGS, **HOST_ONLY})
+        address = settings.pop("address", name)
+        description = settings.pop("description", "")
+        hosts[name] = Host(name, address, "config.toml", settings, description)
+    return Config(path, defaults, hosts)
+
+
+def _settings(path: Path, where: str, table: object, known: dict[str, tuple[type, str]]) -> dict[str, Any]:
+    if not isinstance(table, dict):
+        raise ConfigError(f"{path}: [{where}] must be a table of settings")
+    settings: dict[str, Any] = {}
+    for key, value in table.items():
+        if key not in known:
+            raise ConfigError(f"{path}: [{where}] has an unknown setting {key!r}; known: {', '.join(known)}")
+        kind, wanted = known[key]
+        if kind is float and isinstance(value, int) and not isinstance(value, bool):
+            value = float(value)
+        fine = isinstance(value, kind) and (not isinstance(value, float) or (math.isfinite(value) and value > 0))
+        if not fine or (isinstance(value, str) and not value.strip()):
+            raise ConfigError(f"{path}: [{where}] {key} must be {wanted}, not {value!r}")
+        settings[key] = value
+    return settings
+
+
+def ssh_config_hosts(path: Path | None = None) -> list[Host]:
+    """The concrete hosts of ~/.ssh/config (and the files it Includes): each `Host` name without a pattern, with
+    the address its HostName, User and Port make."""
+    path = path or Path(os.path.expanduser("~")) / ".ssh" / "config"
+    hosts: dict[str, Host] = {}
+    for names, options in _ssh_blocks(path, depth=0):
+        for name in names:
+            if any(c in name for c in "*?!") or name in hosts:
+                continue
+            address = options.get("hostname", name).replace("%h", name)
+            if "user" in options:
+                address = f"{options['user']}@{address}"
+            if "port" in options and options["port"] != "22":
+                address = f"{address}:{options['port']}"
+            hosts[name] = Host(name, address, "ssh config")
+    return list(hosts.values())
+
+
+def _ssh_blocks(path: Path, depth: int) -> Iterator[tuple[list[str], dict[str, str]]]:
+    """(Host names, their first value of each option) per `Host` block; `Include`d files in place."""
+    try:
+        lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError:
+        return
+    names: list[str] = []
+    options: dict[str, str] = {}
+    for line in lines:
+        words = line.strip().replace("=", " ", 1).split()
+        if not words or words[0].startswith("#"):
+            continue
+        keyword, values = words[0].lower(), words[1:]
+        if keyword in ("host", "match"):
+            if names:
+                yield names, options
+            names, options = (values if keyword == "host" else []), {}
+        elif keyword == "include" and depth < 8:
+            for pattern in values:
+                full = os.path.expanduser(pattern)
+                full = full if os.path.isabs(full) else str(path.parent / full)
+                for included in sorted(glob.glob(full)):
+                    yield from _ssh_blocks(Path(included), depth + 1)
+        elif values:
+            options.setdefault(keyword, values[0])
+    if names:
+        yield names, options
+
+
+def known_hosts(config: Config) -> list[Host]:
+    """Every host the console knows, config.toml's first; a name in both is config.toml's."""
+    return [*config.hosts.values(), *(h for h in ssh_config_hosts() if h.name not in config.hosts)]

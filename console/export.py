@@ -1,0 +1,143 @@
+"""A run's metric rows taken elsewhere: as CSV (`metrics RUN --csv`) and as TensorBoard event files
+(`export RUN --tensorboard DIR`), written on the console's machine.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import re
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from backends.protocol import Metric, MetricRow
+
+# Our names as SpecForge names them where both have the series (its TensorboardTracker writes add_scalar(key)
+# with the keys of specforge/training/tracking.py's training_metric_names, `train/` before a training key, and of
+# specforge/eval/evaluator.py, `eval/...`; read in SpecForge a6b6b02, 2026-08), so that an export sits beside a
+# SpecForge run's own curves. Names SpecForge has no series for keep ours. backends.runs.metrics_sources reads
+# these tags back to our names.
+SPECFORGE_TAGS: dict[str, str] = {
+    Metric.LOSS: "train/loss",
+    Metric.LR: "train/lr",
+    Metric.GRAD_NORM: "train/grad_norm",
+    Metric.VAL_LOSS: "eval/avg_loss",
+    Metric.VAL_ACC: "eval/avg_acc",
+    Metric.VAL_SIM_ACCEPT_LEN: "eval/simulated_acc_len",
+}
+SPECFORGE_PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
+    (re.compile(r"(acc|ploss)_(\d+)"), r"train/\1_\2"),
+    (re.compile(r"epoch_(acc|ploss)_(\d+)"), r"train/epoch_\1_\2"),
+    # SpecForge v0.2.0's per-position evaluation tags (its 2026 evaluator adds eval/acceptance_rate_i).
+    (re.compile(r"val_(acc|ploss|acceptance_rate)_(\d+)"), r"eval/\1_\2"),
+)
+# What places a row rather than being one of its series: the x axis (step) and the wall time (t).
+NOT_SERIES = frozenset({Metric.STEP, Metric.TIME})
+
+EVENT_FILES = "events.out.tfevents.*"
+TENSORBOARD_MISSING = (
+    "TensorBoard is not installed where the console runs: pip install tensorboard "
+    "(pipx: pipx inject eagle3-console tensorboard), then export again"
+)
+
+
+class ExportError(Exception):
+    """An export that cannot be done; the message is one line saying what to do."""
+
+
+def csv_text(rows: Sequence[MetricRow]) -> str:
+    """Every row, one column per name seen (in the order first seen), the header first, an empty cell where a row
+    lacks the name. Numbers read as JSON wrote them (json.dumps: the shortest text that reads back the same)."""
+    columns: list[str] = list(dict.fromkeys(name for row in rows for name in row))
+    out = io.StringIO()
+    # RFC 4180's line ends (csv's own): with "\n" alone a text cell holding a lone "\r" would go unquoted and end its
+    # row early for every reader.
+    writer = csv.writer(out)
+    writer.writerow(columns)
+    for row in rows:
+        writer.writerow([csv_cell(row[name]) if name in row else "" for name in columns])
+    return out.getvalue()
+
+
+def csv_cell(value: object) -> str:
+    if value is None:
+        return ""
+    return value if isinstance(value, str) else json.dumps(value)
+
+
+def tensorboard_tag(name: str) -> str:
+    """The tag a metric gets: SpecForge's where it has the series, else our own name."""
+    if name in SPECFORGE_TAGS:
+        return SPECFORGE_TAGS[name]
+    for pattern, replacement in SPECFORGE_PATTERNS:
+        if pattern.fullmatch(name):
+            return pattern.sub(replacement, name)
+    return name
+
+
+def scalar_value(value: object) -> float | None:
+    """A series' value as a scalar (true/false as 1/0); None for what is not a number (text, lists)."""
+    if isinstance(value, bool):
+        return float(value)
+    if isinstance(value, int | float) and math.isfinite(value):
+        return float(value)
+    return None
+
+
+def axis_value(value: object) -> float | None:
+    """A step or a time: a finite number, not true/false."""
+    return None if isinstance(value, bool) else scalar_value(value)
+
+
+@dataclass(frozen=True)
+class Point:
+    tag: str
+    step: int
+    wall_time: float
+    value: float
+
+
+def points(rows: Sequence[MetricRow]) -> Iterator[Point]:
+    """Each number of each row as a point of its tag, at the row's step (a row without one, as a server's, at its
+    place among the rows, counted from 0) and the row's time (`t`, else now)."""
+    now = time.time()
+    for number, row in enumerate(rows):
+        step, when = axis_value(row.get(Metric.STEP)), axis_value(row.get(Metric.TIME))
+        at = number if step is None else int(step)
+        wall_time = now if when is None else when
+        for name, value in row.items():
+            scalar = None if name in NOT_SERIES else scalar_value(value)
+            if scalar is not None:
+                yield Point(tensorboard_tag(name), at, wall_time, scalar)
+
+
+def write_tensorboard(rows: Sequence[MetricRow], folder: Path, run_id: str) -> tuple[Path, int]:
+    """Write the rows' points into a new event file in `folder` (made if missing) with TensorBoard's own writer, one
+    scalar tag per metric; the file and the number of points. ExportError when TensorBoard is not installed."""
+    try:
+        from tensorboard.compat.proto.event_pb2 import Event
+        from tensorboard.compat.proto.summary_pb2 import Summary
+        from tensorboard.summary.writer.event_file_writer import EventFileWriter
+    except ImportError:
+        raise ExportError(TENSORBOARD_MISSING) from None
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        before = set(folder.glob(f"{EVENT_FILES}.{run_id}"))
+        writer = EventFileWriter(str(folder), filename_suffix=f".{run_id}")
+    except OSError as exc:
+        said = exc.strerror or str(exc)
+        raise ExportError(f"cannot write event files into {folder}: {said}; choose another DIR") from None
+    count = 0
+    try:
+        for point in points(rows):
+            summary = Summary(value=[Summary.Value(tag=point.tag, simple_value=point.value)])
+            writer.add_event(Event(wall_time=point.wall_time, step=point.step, summary=summary))
+            count += 1
+    finally:
+        writer.close()
+    # The writer does not say its file's name; its name starts with the time it was made.
+    return max(set(folder.glob(f"{EVENT_FILES}.{run_id}")) - before), count

@@ -1,0 +1,162 @@
+"""The selected run's log as someone used to less reads it (Textual's pilot, a real local agent, real runs that
+print when the test lets them): `/` finds text and holds the view on it, `n`/`N` step through the matches, `w`
+and new lines keep the match in view, Escape follows the tail again, `y` copies, cut lines scroll sideways, a
+mouse drag selects text."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from textual.pilot import Pilot
+
+from console.tui.app import ConsoleApp
+from console.tui.dialogs import RelaunchScreen
+from console.tui.log import FindPrompt, TailLog
+from console.tui.panels import RunsTable
+from tests.conftest import until
+from tests.test_tui_attention import console, launch
+
+# 300 lines, every 25th of the first 250 an `acc` line (10 of them, the last 75 lines before the end), the others
+# `loss` lines; once told, 20 more `loss` lines.
+TRAINER = (
+    "import os, sys, time\n"
+    "def wait(name):\n"
+    "    while not os.path.exists(name):\n"
+    "        time.sleep(0.05)\n"
+    "wait(sys.argv[1])\n"
+    "for i in range(300):\n"
+    "    print(f'step {i} ' + (f'acc 0.{i:03d} ' if i % 25 == 0 and i < 250 else 'loss ') + 'x' * 150, flush=True)\n"
+    "wait(sys.argv[2])\n"
+    "for i in range(300, 320):\n"
+    "    print(f'step {i} LOSS late', flush=True)\n"
+    "time.sleep(120)\n"
+)
+WIDE = (
+    "import time\nfor i in range(40):\n    print(f'line {i} ' + 'x' * 300 + f' end {i}', flush=True)\ntime.sleep(120)\n"
+)
+
+
+def drawn(log: TailLog) -> list[str]:
+    """The log's rows as the screen shows them."""
+    return [log.render_line(y).text for y in range(log.scrollable_content_region.height)]
+
+
+def shows(log: TailLog, text: str) -> bool:
+    return any(text in row for row in drawn(log))
+
+
+def highlighted(log: TailLog) -> list[str]:
+    """The text drawn reversed or in the current match's colour."""
+    view = range(log.scrollable_content_region.height)
+    return [s.text for y in view for s in log.render_line(y) if s.style and (s.style.reverse or s.style.bold)]
+
+
+async def find(pilot: Pilot[None], app: ConsoleApp, text: str) -> None:
+    await pilot.press("slash")
+    await until(pilot, lambda: isinstance(app.screen, FindPrompt), what="the find prompt")
+    await pilot.press(*text, "enter")
+    await until(pilot, lambda: not isinstance(app.screen, FindPrompt), what="the prompt to close")
+
+
+async def test_slash_finds_text_n_and_N_step_through_it_and_the_view_holds_on_the_match(
+    workdir: Path, nvml_state: Path, tmp_path: Path
+) -> None:
+    go, more = tmp_path / "go", tmp_path / "more"
+    run_id = await launch(workdir, [sys.executable, "-c", TRAINER, str(go), str(more)], name="trainer")
+    async with console(workdir, size=(120, 50)) as (app, pilot, notes):
+        log = app.query_one(TailLog)
+        await until(pilot, lambda: app.query_one(RunsTable).selected_run() == run_id, what="the run")
+        go.touch()
+        await until(pilot, lambda: shows(log, "step 299 loss"), what="the tail in view")
+
+        await find(pilot, app, "acc")
+        # the nearest match above the tail, shown and highlighted, with where it is among them
+        await until(pilot, lambda: log.border_title == "/acc  10 of 10", what="the status")
+        assert shows(log, "step 225 acc 0.225") and not shows(log, "step 299 loss")
+        assert "acc" in highlighted(log)
+        await pilot.press("n")
+        await until(pilot, lambda: log.border_title == "/acc  9 of 10", what="the older match")
+        assert shows(log, "step 200 acc 0.200") and not shows(log, "step 225 acc")
+        await pilot.press("N")
+        await until(pilot, lambda: log.border_title == "/acc  10 of 10", what="the newer match")
+        await pilot.press("N")  # past the newest: round to the oldest, and said so
+        await until(pilot, lambda: log.border_title == "/acc  1 of 10", what="the wrap to the oldest")
+        assert shows(log, "step 0 acc 0.000")
+        assert any(n.message == "search wrapped" for n in notes)
+        await pilot.press("n")
+        await until(pilot, lambda: log.border_title == "/acc  10 of 10", what="the wrap to the newest")
+
+        await pilot.press("w")
+        await until(pilot, lambda: log.wrap and len(log.lines) > 300, what="wrapped rows")
+        assert shows(log, "step 225 acc 0.225") and log.border_title == "/acc  10 of 10"
+
+        await pilot.press("escape")  # following the tail again, a new search starts from the end
+        await find(pilot, app, "loss")  # the last line matches: the view is at the bottom, on it
+        await until(pilot, lambda: log.border_title == "/loss  290 of 290", what="the new search")
+        view = drawn(log)
+        assert shows(log, "step 299 loss") and log.scroll_y == log.max_scroll_y
+        more.touch()  # the run goes on printing, matches among its lines: the view stays on what is read
+        await until(pilot, lambda: log.border_title == "/loss  290 of 310", what="the new lines counted")
+        await pilot.pause()
+        assert drawn(log) == view
+
+        await pilot.press("y")
+        await until(pilot, lambda: app.clipboard == "step 299 loss " + "x" * 150, what="the match's line copied")
+        assert any(n.message.startswith("copied 1 line (OSC 52") for n in notes)
+
+        await pilot.press("escape")
+        await until(pilot, lambda: log.border_title is None, what="the search to go")
+        await until(pilot, lambda: shows(log, "step 319 LOSS late"), what="the tail again")
+        assert not highlighted(log)
+        await pilot.press("y")  # no search: the lines in view
+        await until(pilot, lambda: app.clipboard.endswith("step 319 LOSS late"), what="the lines in view copied")
+        copied = app.clipboard.splitlines()
+        assert len(copied) > 1 and "\n".join(copied) == "\n".join(list(log.kept)[-len(copied) :])
+        assert any(n.message.startswith(f"copied {len(copied)} lines (OSC 52") for n in notes)
+
+
+async def test_a_search_that_finds_nothing_says_so_and_slash_in_a_text_field_is_typed(
+    workdir: Path, nvml_state: Path
+) -> None:
+    run_id = await launch(workdir, [sys.executable, "-c", WIDE], name="wide")
+    async with console(workdir, size=(120, 40)) as (app, pilot, notes):
+        log = app.query_one(TailLog)
+        await until(pilot, lambda: app.query_one(RunsTable).selected_run() == run_id, what="the run")
+        await until(pilot, lambda: len(log.kept) == 40, what="the log")
+        await find(pilot, app, "loss.*nan")  # plain text, not a regex: nothing has it
+        await until(pilot, lambda: any(n.message == "no match for loss.*nan" for n in notes), what="no match")
+        assert log.border_title is None and log.following
+        await pilot.press("r")
+        await until(pilot, lambda: isinstance(app.screen, RelaunchScreen), what="the relaunch dialog")
+        await pilot.press("slash", "n", "y")
+        assert app.screen.query_one("#flags").value == "/ny"  # type: ignore[attr-defined]
+        assert isinstance(app.screen, RelaunchScreen)
+
+
+async def test_cut_lines_scroll_sideways_and_a_mouse_drag_selects_and_copies_text(
+    workdir: Path, nvml_state: Path
+) -> None:
+    run_id = await launch(workdir, [sys.executable, "-c", WIDE], name="wide")
+    async with console(workdir, size=(120, 40)) as (app, pilot, _):
+        log = app.query_one(TailLog)
+        await until(pilot, lambda: app.query_one(RunsTable).selected_run() == run_id, what="the run")
+        await until(pilot, lambda: shows(log, "line 39 x"), what="the log")
+        await pilot.click("#log")
+        assert app.focused is log
+        await pilot.press("right")
+        await until(pilot, lambda: log.scroll_x > 0 and not shows(log, "line 39"), what="the view to move right")
+        await pilot.press("left")
+        await until(pilot, lambda: log.scroll_x == 0 and shows(log, "line 39"), what="the view back")
+
+        row = drawn(log)[0]
+        await pilot.mouse_down("#log", offset=(0, 1))  # the first row under the log's top border
+        await pilot.hover("#log", offset=(6, 1))
+        await pilot.mouse_up("#log", offset=(6, 1))
+        await until(pilot, lambda: app.screen.get_selected_text() == row[:7], what="the selection")
+        await pilot.press("ctrl+c")
+        await until(pilot, lambda: app.clipboard == row[:7], what="the selection copied")
+
+        await pilot.press("w")
+        await until(pilot, lambda: log.wrap and shows(log, "end 39"), what="wrapped lines")
+        assert log.max_scroll_x == 0  # wrapped at the log's width: nothing is cut
