@@ -105,6 +105,30 @@ def test_kill_and_relaunch_of_a_finished_run_never_hit_the_group_that_recycled_i
     ended(store.get(relaunched["run"]))
 
 
+def test_a_pid_recycled_within_the_child_s_clock_tick_is_never_taken_for_the_ended_run(workdir: Path) -> None:
+    """/proc's start time counts clock ticks (10 ms): a pid reused within the child's tick matches its
+    recorded pid, start time and boot id. The exit record (written after the child is reaped) rules it out.
+    Simulated by recording the stranger's own identity as the ended run's child; CI has met the real race."""
+    store = RunStore(workdir)
+    run = launch(store, ["true"])
+    assert ended(run) == "exited"
+    stranger = subprocess.Popen(["sleep", "3003"], start_new_session=True)
+    try:
+        stat_ = procinfo.read_stat(stranger.pid)
+        assert stat_ is not None
+        proc = json.loads(run.file(PROC).read_text())
+        proc["child"].update(pid=stranger.pid, start_ticks=stat_.start_ticks)
+        run.file(PROC).write_text(json.dumps(proc))
+
+        with pytest.raises(runctl.OpError, match="nothing to kill"):
+            runctl.kill(run, "KILL", 0)
+        assert runctl.relaunch(store, run.id, [], [], grace=0)["stopped_parent"] is None
+        assert alive(stranger.pid), "a stranger's process was signalled"
+    finally:
+        stranger.kill()
+        stranger.wait()
+
+
 def test_a_child_recorded_on_another_boot_is_never_signalled(workdir: Path) -> None:
     run = launch(RunStore(workdir), python("import time; time.sleep(60)"))
     wait_for(lambda: run.state() == "running", 10, "running")

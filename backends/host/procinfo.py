@@ -222,11 +222,12 @@ def proc_owner(pid: int) -> int | None:
 
 
 def run_processes(
-    marker: bytes, child: ProcIdentity | None, stats: list[ProcStat] | None = None
+    marker: bytes, child: ProcIdentity | None, stats: list[ProcStat] | None = None, *, child_reaped: bool = False
 ) -> dict[int, ProcIdentity]:
     """A run's live processes, each proven to be the run's: never inferred from a pid or group number.
 
-    Proof is one of: the recorded child itself (pid, start time and boot id all match); a process of
+    Proof is one of: the recorded child itself (pid, start time and boot id all match), until its
+    supervisor has reaped it (a pid reused within the same clock tick matches all three); a process of
     ours whose environment carries the run's `marker` (the supervisor sets it for the child, children
     inherit it); a live child, or a member of the live process group, of a process already proven.
     A child recorded on another boot (a store shared over NFS) proves nothing, and neither does a pid
@@ -238,7 +239,12 @@ def run_processes(
     by_pid = {stat.pid: stat for stat in stats}
     me = os.geteuid()
     proven: set[int] = set()
-    if child is not None and (stat := by_pid.get(child.pid)) is not None and stat.start_ticks == child.start_ticks:
+    if (
+        child is not None
+        and not child_reaped
+        and (stat := by_pid.get(child.pid)) is not None
+        and stat.start_ticks == child.start_ticks
+    ):
         proven.add(child.pid)
     floor = child.start_ticks if child is not None else 0  # nothing of the run is older than its child
     for stat in stats:

@@ -319,8 +319,13 @@ class RunDir:
         return self.spec()
 
     def processes(self, stats: list[procinfo.ProcStat] | None = None) -> dict[int, procinfo.ProcIdentity]:
-        """The run's live processes, each proven to be the run's (see procinfo.run_processes)."""
-        return procinfo.run_processes(f"{ENV_RUN_ID}={self.id}".encode(), self.child(), stats)
+        """The run's live processes, each proven to be the run's (see procinfo.run_processes). The exit record
+        is written once the supervisor has reaped the child: from then on the child's pid proves nothing."""
+        try:
+            reaped = self.exit() is not None
+        except CorruptFile:
+            reaped = False
+        return procinfo.run_processes(f"{ENV_RUN_ID}={self.id}".encode(), self.child(), stats, child_reaped=reaped)
 
     def supervisor(self) -> procinfo.ProcIdentity | None:
         return self._identity("supervisor")
