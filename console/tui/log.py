@@ -142,7 +142,8 @@ class TailLog(ScrollView, can_focus=True):
         self.virtual_size = Size(self.widest, len(self.lines))
         self.show_bars()
         if self.following:
-            self.scroll_end(animate=False, immediate=False, x_axis=False)
+            # force: Textual drops a scroll made before layout has granted the scrollbar (a flake seen in CI)
+            self.scroll_end(animate=False, immediate=False, x_axis=False, force=True)
         elif dropped_rows:  # the person is reading: what they read stays where it was
             self.scroll_to(y=self.scroll_y - dropped_rows, animate=False, immediate=True)
         self.refresh()
@@ -234,7 +235,7 @@ class TailLog(ScrollView, can_focus=True):
         if self.search is not None and self.search.at is not None:
             self.show_match()
         elif self.following:
-            self.scroll_end(animate=False, immediate=False, x_axis=False)
+            self.scroll_end(animate=False, immediate=False, x_axis=False, force=True)
         else:
             self.scroll_to(y=self.row_of(top), animate=False, immediate=True)
         self.refresh()
@@ -264,7 +265,7 @@ class TailLog(ScrollView, can_focus=True):
         if self.wrap and self.scrollable_content_region.width != self.wrapped_at:
             self.rewrite()
         elif self.following:
-            self.scroll_end(animate=False, immediate=False, x_axis=False)
+            self.scroll_end(animate=False, immediate=False, x_axis=False, force=True)
 
     def theme_changed(self) -> None:
         if self.search is not None:
@@ -364,7 +365,7 @@ class TailLog(ScrollView, can_focus=True):
         self.restyle(found)
         self.tail = True
         self.show_bars()
-        self.scroll_end(animate=False, immediate=False, x_axis=False)
+        self.scroll_end(animate=False, immediate=False, x_axis=False, force=True)
         return True
 
     # --- copying and selecting --------------------------------------------------------------
