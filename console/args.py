@@ -7,17 +7,16 @@ What each command does is `console.cli`'s; it ties each grammar here to its hand
 from __future__ import annotations
 
 import argparse
+import importlib
 import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 from typing import Literal, NoReturn
 
 import backends
-from backends import serving
-from backends.extract import args as extract_args
 from backends.protocol import MIN_INTERVAL_S, RUN_KINDS, SIGNAL_NAMES, parse_source
-from backends.train import args as train_args
 from console import config
 
 # The global options that take a value: the word after each is not HOST.
@@ -115,6 +114,7 @@ class Grammar:
     arguments: Callable[[Parser], None]
     description: str | None = None
     tail: Tail = "none"
+    completed: Callable[[Parser], None] | None = None  # what only completion needs of the grammar besides
 
     def check_tail(self, tail: list[str]) -> None:
         if tail and self.tail == "none":
@@ -283,8 +283,7 @@ def serve(p: Parser) -> None:
     p.add_argument("draft", metavar="DRAFT", help="the draft's folder on the host")
     p.add_argument("--name", help="a name to find the run by (default: serve)")
     p.add_argument("--gpus", type=gpu_list, default=[], help="GPUs for CUDA_VISIBLE_DEVICES; --tp-size follows them")
-    port = serving.DEFAULT.default_port
-    p.add_argument("--port", type=int, default=port, help=f"the server's port (default {port})")
+    p.add_argument("--port", type=int, help="the server's port (default: SGLang's own)")
     p.add_argument("--python", default="python3", help="the host interpreter that has SGLang (default python3)")
     p.add_argument("--env", type=env_pair, action="append", default=[], help="NAME=VALUE for the run (repeatable)")
     p.add_argument("--stall-after", type=stall_window, help="seconds of idle silence that make the launch stalled (30)")
@@ -317,8 +316,13 @@ def bench(p: Parser) -> None:
     p.add_argument("--json", action="store_true", help="print the result object instead of the table")
 
 
-# Our stages and the modules that hold their command lines (importable without torch).
-STAGE_ARGS = {"extract": extract_args, "train": train_args}
+# Our stages and the modules that hold their command lines (importable without torch); imported only for a
+# stage's own words, so that other commands start faster.
+STAGE_ARGS = {"extract": "backends.extract.args", "train": "backends.train.args"}
+
+
+def stage_args(name: str) -> ModuleType:
+    return importlib.import_module(STAGE_ARGS[name])
 
 
 def run_options(p: Parser | argparse._ArgumentGroup) -> None:
@@ -337,29 +341,55 @@ def stage_groups(p: Parser, name: str) -> list[argparse.Action]:
     """The run options and the stage's own options, each in a group of `p`; the stage's own actions."""
     run_options(p.add_argument_group("run options (anywhere on the line)"))
     own = p.add_argument_group(f"{name} options (python -m backends.{name} ...)")
-    STAGE_ARGS[name].add_arguments(own)
+    stage_args(name).add_arguments(own)
     return own._group_actions
 
 
 def stage(name: str) -> Grammar:
     """`extract` or `train`: the run's options and the stage's own (`python -m backends.NAME`'s), in any order."""
 
-    def arguments(p: Parser) -> None:
-        # For completion only: `stage_options` reads the stage's words with parsers of its own.
+    def completed(p: Parser) -> None:
+        # Completion alone reads the stage's words with this parser: `stage_options` has parsers of its own.
         for action in stage_groups(p, name):
             action.required = False
 
     return Grammar(
         name,
         f"launch our {name} stage: {name} [run options] {name.upper()} OPTIONS... (see {name} --help)",
-        arguments,
-        description=f"Shorthand for `launch {name} -- python -m backends.{name} OPTIONS...`, checked here first: "
-        f"{STAGE_ARGS[name].DESCRIPTION}",
+        lambda _: None,
         tail="rest",
+        completed=completed,
+    )
+
+
+def stage_description(name: str) -> str:
+    return (
+        f"Shorthand for `launch {name} -- python -m backends.{name} OPTIONS...`, checked here first: "
+        f"{stage_args(name).DESCRIPTION}"
     )
 
 
 extract, train = stage("extract"), stage("train")
+
+# Every command's grammar, in the order `--help` lists them.
+GRAMMARS = (
+    status,
+    launch,
+    watch,
+    stacks,
+    kill,
+    relaunch,
+    free_gpus,
+    logs,
+    metrics,
+    export,
+    doctor,
+    convert,
+    serve,
+    bench,
+    extract,
+    train,
+)
 
 
 SHELLS = ("bash", "zsh", "fish")
@@ -394,8 +424,9 @@ def first_word(args: list[str]) -> int:
     return i
 
 
-def build_parser(commands: Iterable[Grammar]) -> Parser:
-    """The global options, HOST, and `commands` in the order `--help` lists them."""
+def build_parser(commands: Iterable[Grammar], completing: bool = False) -> Parser:
+    """The global options, HOST, and `commands` in the order `--help` lists them; `completing`: with what only
+    completion reads (a stage's own options)."""
     parser = Parser(
         prog="eagle3-console",
         description="Train, serve and debug EAGLE-3 drafts on a GPU host.",
@@ -438,7 +469,10 @@ def build_parser(commands: Iterable[Grammar]) -> Parser:
     host.completer = host_names  # type: ignore[attr-defined]  # argcomplete's hook
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
     for grammar in commands:
-        grammar.arguments(sub.add_parser(grammar.name, help=grammar.help, description=grammar.description))
+        command = sub.add_parser(grammar.name, help=grammar.help, description=grammar.description)
+        grammar.arguments(command)
+        if completing and grammar.completed is not None:
+            grammar.completed(command)
     return parser
 
 
@@ -484,7 +518,7 @@ def stage_options(name: str, args: list[str]) -> tuple[argparse.Namespace, list[
     own parser here so that a typo is a usage error, not a failed run on the host. `--help` prints both and exits."""
     prog = f"eagle3-console HOST {name}"
     if "-h" in args or "--help" in args:
-        shown = Parser(prog=prog, description=stage(name).description)
+        shown = Parser(prog=prog, description=stage_description(name))
         stage_groups(shown, name)
         shown.print_help()
         raise SystemExit(0)
@@ -492,6 +526,6 @@ def stage_options(name: str, args: list[str]) -> tuple[argparse.Namespace, list[
     run_options(own)
     opts, rest = own.parse_known_args(args)
     check = Parser(prog=prog, add_help=False, allow_abbrev=False)
-    STAGE_ARGS[name].add_arguments(check)
+    stage_args(name).add_arguments(check)
     check.parse_args(rest)
     return opts, rest

@@ -1,8 +1,6 @@
-"""`eagle3-console [--workdir DIR] HOST COMMAND ...`: the scriptable command line: what each command does, and
-the one table (`COMMANDS`) that ties it to its grammar in `console.args`.
-
-Exit codes: 0 ok, 1 the operation failed, 2 usage error; every failure is one
-line on stderr that says what happened and what to do.
+"""`eagle3-console [--workdir DIR] HOST COMMAND ...`: the scriptable command line: what each command does (those
+answered by one request are in `console.one_shot`), and the one table (`COMMANDS`) that ties it to its grammar
+in `console.args`. Exit codes and messages: `console.output`.
 """
 
 from __future__ import annotations
@@ -17,22 +15,20 @@ import sys
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from backends import serving
-from backends.protocol import TERMINAL_STATES, DoctorResult, LaunchResult, MetricRow
+from backends.protocol import TERMINAL_STATES, LaunchResult, MetricRow
 from console import args as grammar
 from console import config, export, render
 from console.args import Grammar, Parser, UsageError, split, stage_options
-from console.bench_text import bench_lines
-from console.client import PAST_END, AgentClient, AgentError, follow, reconnect_and_say
-from console.transport import LocalTransport, Transport, TransportError
+from console.client import PAST_END, AgentClient, follow, reconnect_and_say
+from console.errors import AgentError, TransportError
+from console.one_shot import cmd_kill, cmd_stacks, cmd_status
+from console.output import EXIT_FAILED, EXIT_OK, EXIT_USAGE, doctor_text, dump, failed, note, out
+from console.transport import LocalTransport, Transport
 
 if TYPE_CHECKING:
     from console.host_keys import TrustNewKey
-
-EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
 
 def make_transport(
@@ -67,42 +63,8 @@ def terminal_trust(ns: argparse.Namespace) -> TrustNewKey | None:
     return host_keys.ask_on_terminal if sys.stdin.isatty() and sys.stderr.isatty() else None
 
 
-def doctor_text(result: DoctorResult) -> str:
-    """doctor's findings as text; its rules are imported only when there are findings to show (every other
-    command would pay for them at start-up)."""
-    from backends.doctor.report import format_result
-
-    return format_result(result)
-
-
-def note(text: str) -> None:
-    """A line for the person watching, on stderr (stdout stays the data)."""
-    print(f"eagle3-console: {text}", file=sys.stderr, flush=True)
-
-
-def out(text: str) -> None:
-    print(text, flush=True)
-
-
-def dump(obj: object) -> None:
-    out(json.dumps(obj, indent=2))
-
-
 # What a command does, given the client, its options and its tail (see `console.args.Grammar`); its exit code.
 Handler = Callable[[AgentClient, argparse.Namespace, list[str]], Awaitable[int]]
-
-
-async def cmd_status(client: AgentClient, ns: argparse.Namespace, _: list[str]) -> int:
-    if ns.run is not None:
-        run = await client.run_info(ns.run)
-        dump(run) if ns.json else out("\n".join([render.run_text(run), *bench_lines(run.get("bench"))]))
-        return EXIT_OK
-    status = await client.status()
-    if ns.json:
-        dump(status)
-    else:
-        out(render.status_text(status))
-    return EXIT_OK
 
 
 async def cmd_launch(client: AgentClient, ns: argparse.Namespace, argv: list[str]) -> int:
@@ -138,22 +100,6 @@ def report_launched(result: LaunchResult, as_json: bool) -> int:
         note(f"run {result['run']} failed to start: {result['error']}")
         return EXIT_FAILED
     return EXIT_OK
-
-
-async def cmd_stacks(client: AgentClient, ns: argparse.Namespace, _: list[str]) -> int:
-    result = await client.stacks(ns.run, now=ns.now)
-    note(f"{result['file']} (taken {render.clock(result['taken_at'])})")
-    sys.stdout.write(result["text"])
-    return EXIT_OK
-
-
-async def cmd_kill(client: AgentClient, ns: argparse.Namespace, _: list[str]) -> int:
-    result = await client.kill(ns.run, signal=ns.signal, grace=ns.grace)
-    if ns.json:
-        dump(result)
-    else:
-        out(render.kill_text(result))
-    return EXIT_OK if all(p["died"] for p in result["processes"]) else EXIT_FAILED
 
 
 async def cmd_relaunch(client: AgentClient, ns: argparse.Namespace, _: list[str]) -> int:
@@ -345,6 +291,10 @@ async def cmd_stage(client: AgentClient, ns: argparse.Namespace, stage_args: lis
 
 def serve_argv(ns: argparse.Namespace, flags: list[str]) -> list[str]:
     """The serving engine's command for a target and its EAGLE-3 draft; FLAGS come last and win."""
+    from backends import serving  # the engine's facts: only a serve command pays for importing them
+
+    if ns.port is None:  # the health poll reads it too
+        ns.port = serving.DEFAULT.default_port
     return serving.DEFAULT.serve_command(
         ns.python, ns.target, ns.draft, port=ns.port, gpus=len(ns.gpus), extra=flags, metrics=not ns.no_metrics
     )
@@ -452,32 +402,30 @@ class Command:
     run: Handler
 
 
-# Each command once: its grammar and what it does; `--help` lists them in this order.
-COMMANDS: dict[str, Command] = {
-    command.grammar.name: command
-    for command in (
-        Command(grammar.status, cmd_status),
-        Command(grammar.launch, cmd_launch),
-        Command(grammar.watch, cmd_watch),
-        Command(grammar.stacks, cmd_stacks),
-        Command(grammar.kill, cmd_kill),
-        Command(grammar.relaunch, cmd_relaunch),
-        Command(grammar.free_gpus, cmd_free_gpus),
-        Command(grammar.logs, cmd_logs),
-        Command(grammar.metrics, cmd_metrics),
-        Command(grammar.export, cmd_export),
-        Command(grammar.doctor, cmd_doctor),
-        Command(grammar.convert, cmd_convert),
-        Command(grammar.serve, cmd_serve),
-        Command(grammar.bench, cmd_bench),
-        Command(grammar.extract, cmd_stage),
-        Command(grammar.train, cmd_stage),
-    )
+# What each command does; `--help` lists them in `console.args.GRAMMARS`' order.
+HANDLERS: dict[str, Handler] = {
+    "status": cmd_status,
+    "launch": cmd_launch,
+    "watch": cmd_watch,
+    "stacks": cmd_stacks,
+    "kill": cmd_kill,
+    "relaunch": cmd_relaunch,
+    "free-gpus": cmd_free_gpus,
+    "logs": cmd_logs,
+    "metrics": cmd_metrics,
+    "export": cmd_export,
+    "doctor": cmd_doctor,
+    "convert": cmd_convert,
+    "serve": cmd_serve,
+    "bench": cmd_bench,
+    "extract": cmd_stage,
+    "train": cmd_stage,
 }
+COMMANDS: dict[str, Command] = {g.name: Command(g, HANDLERS[g.name]) for g in grammar.GRAMMARS}
 
 
-def build_parser() -> Parser:
-    return grammar.build_parser(command.grammar for command in COMMANDS.values())
+def build_parser(completing: bool = False) -> Parser:
+    return grammar.build_parser(grammar.GRAMMARS, completing)
 
 
 def command_transport(ns: argparse.Namespace) -> Transport:
@@ -485,11 +433,10 @@ def command_transport(ns: argparse.Namespace) -> Transport:
     --no-reuse; the direct one, with its host key checks, when none serves yet."""
     if ns.host == "local" or ns.no_reuse:
         return make_transport(ns, terminal_trust(ns))
-    from console import reuse  # asyncssh is imported only when a direct connection is needed
+    from console import reuse
+    from console.reuse_transport import ReusingTransport  # asyncssh only when a direct connection is needed
 
-    workdir = str(ns.workdir) if ns.workdir is not None else None
-    target = reuse.Target(ns.host, workdir, ns.remote_python)
-    return reuse.ReusingTransport(target, lambda: make_transport(ns, terminal_trust(ns)))
+    return ReusingTransport(reuse.Target.of(ns), lambda: make_transport(ns, terminal_trust(ns)))
 
 
 async def run_command(command: Command, ns: argparse.Namespace, tail: list[str]) -> int:
@@ -518,18 +465,6 @@ def open_console(ns: argparse.Namespace) -> int:
     return EXIT_FAILED if app.return_code else EXIT_OK
 
 
-def apply_settings(ns: argparse.Namespace, settings: config.Config) -> None:
-    """What the command line left unset, from config.toml's settings for HOST (a name there becomes its address)."""
-    address, chosen = settings.settings_for(ns.host)
-    if ns.host == "local":
-        chosen.pop("remote_python", None)  # a default for SSH hosts; 'local' runs the agent with this Python
-    else:
-        ns.host = address
-    for key, value in chosen.items():
-        if getattr(ns, key, False) is None:
-            setattr(ns, key, Path(value) if key == "workdir" else value)
-
-
 def list_hosts(settings: config.Config, as_json: bool) -> int:
     hosts = config.known_hosts(settings)
     if as_json:
@@ -545,21 +480,21 @@ def complete_and_exit() -> None:
     """The shell asks for completions (argcomplete's hook set _ARGCOMPLETE): answer from the grammar, and exit."""
     import argcomplete
 
-    argcomplete.autocomplete(build_parser())
+    argcomplete.autocomplete(build_parser(completing=True))
 
 
 def main(args: list[str] | None = None) -> int:
     words = sys.argv[1:] if args is None else args
     if "_ARGCOMPLETE" in os.environ:
         complete_and_exit()
-    options, tail = split(words, (c.grammar for c in COMMANDS.values()))
+    options, tail = split(words, grammar.GRAMMARS)
     try:
         settings = config.load()
         rest = options[grammar.first_word(options) :]
         if rest[:1] == ["hosts"] and set(rest[1:]) <= {"--json"} and not tail:
             return list_hosts(settings, "--json" in rest)
         ns = build_parser().parse_args(options)
-        apply_settings(ns, settings)
+        config.apply_settings(ns, settings)
         if ns.command is None:
             return open_console(ns)
         command = COMMANDS[ns.command]
@@ -571,14 +506,8 @@ def main(args: list[str] | None = None) -> int:
     except (UsageError, config.ConfigError) as exc:
         note(str(exc))
         return EXIT_USAGE
-    except AgentError as exc:
-        if exc.code in ("doctor_refused", "flags_refused") and exc.details:
-            print(doctor_text(exc.details), file=sys.stderr)
-        note(exc.message)
-        return EXIT_USAGE if exc.code in ("bad_args", "unknown_op") else EXIT_FAILED
-    except TransportError as exc:
-        note(str(exc))
-        return EXIT_FAILED
+    except (AgentError, TransportError) as exc:
+        return failed(exc)
     except KeyboardInterrupt:
         return EXIT_OK
     except BrokenPipeError:

@@ -1,4 +1,4 @@
-"""The agent client: one typed method per operation of the protocol, and subscriptions that stream.
+"""The agent client: the typed operations (`console.ops`) over asyncio, and subscriptions that stream.
 
 The CLI and the TUI talk to this, never to a transport. A subscription is an
 async iterator of stream messages; its offsets are kept so a new client (after
@@ -12,32 +12,18 @@ import contextlib
 import itertools
 import json
 import time
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from typing import Any, Literal, cast, overload
+from collections.abc import AsyncIterator, Callable, Mapping
+from typing import Any, cast
 
-from backends import protocol, serving
+from backends import protocol
 from backends.protocol import (
-    BenchLaunchResult,
-    DoctorResult,
-    EventsResult,
-    FreeGpusResult,
     HelloResult,
-    KillResult,
-    LaunchResult,
-    LogChunk,
-    MetricsResult,
-    PreflightResult,
-    RelaunchPresetsResult,
-    RelaunchPreview,
-    RelaunchResult,
-    RunInfo,
-    RunsResult,
-    StacksResult,
-    StatusResult,
     SubscribeResult,
     UnsubscribeResult,
 )
-from console.transport import Transport, TransportError
+from console.errors import AgentError, TransportError
+from console.ops import AgentOps, reply_result
+from console.transport import Transport
 
 RECONNECT_BACKOFF_S = (1.0, 2.0, 4.0, 8.0, 15.0, 30.0)  # seconds between tries to reach a lost agent
 # A link lost this many times in a row the same way, each time before any data came over the new one
@@ -46,16 +32,6 @@ SAME_LOSS_LIMIT = 3
 SETUP_OPS = ("hello", "subscribe", "unsubscribe")  # their replies are no progress: they come before any data
 # An offset past any file's end: subscribe to a stream from now on, skipping what it already holds.
 PAST_END = 1 << 62
-
-
-class AgentError(Exception):
-    """The agent refused a request; `code` is machine-readable, the message is for people."""
-
-    def __init__(self, code: str, message: str, details: Any = None) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
-        self.details = details
 
 
 class Subscription:
@@ -85,7 +61,7 @@ class Subscription:
         self.client._subs.pop(self.id, None)
 
 
-class AgentClient:
+class AgentClient(AgentOps):
     def __init__(self, transport: Transport) -> None:
         self.transport = transport
         self._ids = itertools.count(1)
@@ -169,7 +145,6 @@ class AgentClient:
             await asyncio.sleep(RECONNECT_BACKOFF_S[self._same_losses - 1])
 
     async def request(self, op: str, **args: Any) -> Any:
-        """One request and its reply's result, untyped: the transport of the typed methods below."""
         if self.closed_reason is not None:
             raise TransportError(self.closed_reason)  # nobody is left to answer
         request_id = next(self._ids)
@@ -182,126 +157,6 @@ class AgentClient:
             return result
         finally:
             self._pending.pop(request_id, None)
-
-    # One method per operation of the protocol (`protocol.OPS`): its arguments by name, its defaults, its reply.
-
-    async def hello(self) -> HelloResult:
-        return cast(HelloResult, await self.request("hello"))
-
-    async def status(self, *, gpus: bool = True) -> StatusResult:
-        return cast(StatusResult, await self.request("status", gpus=gpus))
-
-    async def list_runs(self) -> RunsResult:
-        return cast(RunsResult, await self.request("list_runs"))
-
-    async def run_info(self, run: str) -> RunInfo:
-        """One run whole: every field that `status` cuts to keep its reply bounded."""
-        return cast(RunInfo, await self.request("run_info", run=run))
-
-    async def launch(
-        self,
-        kind: str,
-        argv: Sequence[str],
-        *,
-        name: str | None = None,
-        env: Mapping[str, str] | None = None,
-        cwd: str | None = None,
-        gpus: Sequence[int] = (),
-        health_url: str | None = None,
-        stall_after: float | None = None,
-        module: str | None = None,
-        python: str | None = None,
-        nproc: int | None = None,
-        metrics_from: str | None = None,
-        force: bool = False,
-    ) -> LaunchResult:
-        result = await self.request(
-            "launch",
-            kind=kind,
-            argv=list(argv),
-            name=name,
-            env=dict(env or {}),
-            cwd=cwd,
-            gpus=list(gpus),
-            health_url=health_url,
-            stall_after=stall_after,
-            module=module,
-            python=python,
-            nproc=nproc,
-            metrics_from=metrics_from,
-            force=force,
-        )
-        return cast(LaunchResult, result)
-
-    async def stacks(self, run: str, *, now: bool = False) -> StacksResult:
-        return cast(StacksResult, await self.request("stacks", run=run, now=now))
-
-    async def kill(self, run: str, *, signal: str = "TERM", grace: float = 10.0) -> KillResult:
-        return cast(KillResult, await self.request("kill", run=run, signal=signal, grace=grace))
-
-    @overload
-    async def relaunch(
-        self,
-        run: str,
-        *,
-        set: Sequence[str] = ...,
-        unset: Sequence[str] = ...,
-        grace: float = ...,
-        force: bool = ...,
-        dry_run: Literal[False] = ...,
-    ) -> RelaunchResult: ...
-
-    @overload
-    async def relaunch(
-        self,
-        run: str,
-        *,
-        set: Sequence[str] = ...,
-        unset: Sequence[str] = ...,
-        grace: float = ...,
-        force: bool = ...,
-        dry_run: Literal[True],
-    ) -> RelaunchPreview: ...
-
-    async def relaunch(
-        self,
-        run: str,
-        *,
-        set: Sequence[str] = (),
-        unset: Sequence[str] = (),
-        grace: float = 10.0,
-        force: bool = False,
-        dry_run: bool = False,
-    ) -> RelaunchResult | RelaunchPreview:
-        """A copy of the run with flags set and removed (its parent stopped first); with `dry_run`, what that
-        would do, doing nothing."""
-        result = await self.request(
-            "relaunch", run=run, set=list(set), unset=list(unset), grace=grace, force=force, dry_run=dry_run
-        )
-        return cast("RelaunchResult | RelaunchPreview", result)
-
-    async def free_gpus(
-        self, *, gpus: Sequence[int] | None = None, dry_run: bool = True, timeout: float = 15.0, grace: float = 5.0
-    ) -> FreeGpusResult:
-        """Your processes that hold GPU memory (all GPUs, or `gpus`): the plan, or with dry_run=False, done."""
-        result = await self.request(
-            "free_gpus", gpus=None if gpus is None else list(gpus), dry_run=dry_run, timeout=timeout, grace=grace
-        )
-        return cast(FreeGpusResult, result)
-
-    async def logs(
-        self, run: str, *, offset: int | None = None, tail: int | None = None, max_bytes: int = 4 * 1024 * 1024
-    ) -> LogChunk:
-        """A piece of the run's output: from `offset`, or its last `tail` lines, or from its start."""
-        result = await self.request("logs", run=run, offset=offset, tail=tail, max_bytes=max_bytes)
-        return cast(LogChunk, result)
-
-    async def metrics(self, run: str, *, offset: int = 0) -> MetricsResult:
-        return cast(MetricsResult, await self.request("metrics", run=run, offset=offset))
-
-    async def events(self, run: str, *, offset: int = 0) -> EventsResult:
-        """The run's events from `offset`: its phases, health answers and stalls (a timeline's source)."""
-        return cast(EventsResult, await self.request("events", run=run, offset=offset))
 
     async def subscribe(
         self, *, run: str | None = None, offsets: Mapping[str, int] | None = None, gpu_interval: float | None = None
@@ -319,74 +174,6 @@ class AgentClient:
 
     async def unsubscribe(self, sub: int) -> UnsubscribeResult:
         return cast(UnsubscribeResult, await self.request("unsubscribe", sub=sub))
-
-    async def doctor(
-        self,
-        draft: str,
-        *,
-        target: str | None = None,
-        data: str | None = None,
-        sglang_version: str | None = None,
-        context_length: int | None = None,
-        dry_load: bool = False,
-        sglang_python: str | None = None,
-        cwd: str | None = None,
-    ) -> DoctorResult:
-        result = await self.request(
-            "doctor",
-            draft=draft,
-            target=target,
-            data=data,
-            sglang_version=sglang_version,
-            context_length=context_length,
-            dry_load=dry_load,
-            sglang_python=sglang_python,
-            cwd=cwd,
-        )
-        return cast(DoctorResult, result)
-
-    async def bench(
-        self,
-        target: str,
-        *,
-        prompts: str = "builtin",
-        requests: int = 32,
-        concurrency: int = 4,
-        max_tokens: int = 256,
-        api: str = "chat",
-        name: str | None = None,
-        cwd: str | None = None,
-    ) -> BenchLaunchResult:
-        """A run that benches `target` (a serve run, or a URL) from the host; its result is kept with the serve run."""
-        result = await self.request(
-            "bench",
-            target=target,
-            prompts=prompts,
-            requests=requests,
-            concurrency=concurrency,
-            max_tokens=max_tokens,
-            api=api,
-            name=name,
-            cwd=cwd,
-        )
-        return cast(BenchLaunchResult, result)
-
-    async def relaunch_presets(self, run: str) -> RelaunchPresetsResult:
-        """The relaunch presets spelled for the release that serves the run; when the host cannot say (an older
-        run, a link down), the spelling every release accepts."""
-        try:
-            return cast(RelaunchPresetsResult, await self.request("relaunch_presets", run=run))
-        except (AgentError, TransportError):
-            return {"version": None, "presets": list(serving.DEFAULT.fallback_presets)}
-
-    async def preflight(
-        self, kind: str, argv: Sequence[str], *, cwd: str | None = None, env: Mapping[str, str] | None = None
-    ) -> PreflightResult:
-        result = await self.request("preflight", kind=kind, argv=list(argv), cwd=cwd, env=dict(env or {}))
-        return cast(PreflightResult, result)
-
-    async def convert(self, src: str, dst: str, *, to: str = "sglang", cwd: str | None = None) -> DoctorResult:
-        return cast(DoctorResult, await self.request("convert", src=src, dst=dst, to=to, cwd=cwd))
 
     async def _read_loop(self) -> None:
         reason = "the agent closed the connection"
@@ -425,11 +212,10 @@ class AgentClient:
         future = self._pending.get(msg.get("id"))  # type: ignore[arg-type]
         if future is None or future.done():
             return
-        if msg.get("ok"):
-            future.set_result(msg.get("result"))
-        else:
-            error = msg.get("error") or {}
-            future.set_exception(AgentError(str(error.get("code")), str(error.get("message")), error.get("details")))
+        try:
+            future.set_result(reply_result(msg))
+        except AgentError as exc:
+            future.set_exception(exc)
 
 
 async def follow(

@@ -25,7 +25,10 @@ import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import argparse
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -178,3 +181,15 @@ def _ssh_blocks(path: Path, depth: int) -> Iterator[tuple[list[str], dict[str, s
 def known_hosts(config: Config) -> list[Host]:
     """Every host the console knows, config.toml's first; a name in both is config.toml's."""
     return [*config.hosts.values(), *(h for h in ssh_config_hosts() if h.name not in config.hosts)]
+
+
+def apply_settings(ns: argparse.Namespace, settings: Config) -> None:
+    """What the command line left unset, from config.toml's settings for HOST (a name there becomes its address)."""
+    address, chosen = settings.settings_for(ns.host)
+    if ns.host == "local":
+        chosen.pop("remote_python", None)  # a default for SSH hosts; 'local' runs the agent with this Python
+    else:
+        ns.host = address
+    for key, value in chosen.items():
+        if getattr(ns, key, False) is None:
+            setattr(ns, key, Path(value) if key == "workdir" else value)

@@ -32,8 +32,8 @@ from pathlib import Path
 from backends import protocol
 from backends.protocol import MAX_LINE_BYTES
 from console import reuse
+from console.errors import TransportError
 from console.ssh_transport import DEFAULT_PYTHON, SSHTransport
-from console.transport import TransportError
 
 SESSION_BUFFER_LIMIT = 64 * 1024 * 1024  # a command this far behind (a paused `logs -f | less`) is let go
 # The agent's own encoding (`protocol.encode`) puts these keys first: route by them without decoding all.

@@ -14,7 +14,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
-from backends import serving
 from backends.protocol import (
     TERMINAL_STATES,
     Finding,
@@ -508,6 +507,8 @@ def flags_text(flags: Finding) -> str:
 
 def relaunch_preview(result: Mapping[str, Any]) -> str:
     """What a relaunch would start, and what the pre-launch checks said of it (nothing was stopped)."""
+    from backends import serving  # the engine's facts: only a relaunch preview pays for importing them
+
     if result["would_stop"]:
         head = f"would stop run {result['parent']} and start:"
     else:

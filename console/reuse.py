@@ -14,7 +14,7 @@ failure here is logged (`LOG_NAME` in the socket folder) and the command connect
 
 from __future__ import annotations
 
-import asyncio
+import argparse
 import contextlib
 import errno
 import hashlib
@@ -25,13 +25,11 @@ import stat
 import struct
 import sys
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import backends
-from backends.protocol import MAX_LINE_BYTES, PROTOCOL_VERSION
-from console.transport import Transport, TransportError
+from backends.protocol import PROTOCOL_VERSION
 
 IDLE_S = 300.0  # a multiplexer without commands for this long exits
 IDLE_ENV = "EAGLE3_CONSOLE_REUSE_IDLE_S"  # overrides IDLE_S (tests wait seconds, not minutes)
@@ -41,6 +39,9 @@ LOG_NAME = "reuse.log"
 LOG_LIMIT_BYTES = 1 << 20  # then the log starts again (the previous one kept as reuse.log.1)
 SOCKET_PATH_MAX = 100  # sun_path holds 104 bytes on macOS, 108 on Linux, with its NUL
 _PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
+# Sockets this process found no multiplexer to use at, and why: the quick way's finding holds for the CLI's
+# way after it (a hung multiplexer is waited for once, not twice).
+passed_over: dict[Path, ReuseUnavailable] = {}
 
 
 class ReuseUnavailable(Exception):
@@ -58,6 +59,11 @@ class Target:
     spec: str
     workdir: str | None
     python: str | None  # --remote-python; None: the transport's default
+
+    @classmethod
+    def of(cls, ns: argparse.Namespace) -> Target:
+        """The target of a parsed command line (config.toml's settings applied)."""
+        return cls(ns.host, str(ns.workdir) if ns.workdir is not None else None, ns.remote_python)
 
     def key(self) -> str:
         """Also the release (the agent it runs) and the files that decide whom ssh reaches and trusts: after
@@ -133,128 +139,44 @@ def peer_uid(sock: socket.socket) -> int | None:
     return int(uid)
 
 
-class MultiplexedTransport(Transport):
-    """The agent of a running multiplexer, through its socket: the same JSON lines as over SSH."""
-
-    def __init__(self, spec: str, path: Path) -> None:
-        self.description = spec
-        self.path = path
-        self.pid: int | None = None  # the multiplexer's, from its greeting
-        self._reader: asyncio.StreamReader | None = None
-        self._writer: asyncio.StreamWriter | None = None
-        self._closing: str | None = None  # why the multiplexer said it closes
-
-    async def open(self) -> None:
-        """Connect and read the greeting; ReuseUnavailable when no multiplexer answers as one should."""
-        try:
-            st = os.lstat(self.path)
-        except FileNotFoundError:
-            raise ReuseUnavailable(f"no multiplexer for {self.description} yet", start_one=True) from None
-        if not stat.S_ISSOCK(st.st_mode) or st.st_uid != os.getuid():
-            raise ReuseUnavailable(f"{self.path} is not a socket of this user's; not used")
-        try:
-            self._reader, self._writer = await asyncio.open_unix_connection(str(self.path), limit=MAX_LINE_BYTES)
-        except (ConnectionRefusedError, FileNotFoundError):
-            # Nobody listens: its multiplexer is gone. A new one removes the socket and takes its place.
-            raise ReuseUnavailable(f"{self.path} is stale (its multiplexer is gone)", start_one=True) from None
-        except OSError as exc:
-            raise ReuseUnavailable(f"cannot connect to {self.path}: {exc}") from None
-        sock = self._writer.get_extra_info("socket")
-        if peer_uid(sock) not in (None, os.getuid()):
-            await self.close()
-            raise ReuseUnavailable(f"{self.path} is served by another user; not used")
-        try:
-            greeting = json.loads(await asyncio.wait_for(self._reader.readline(), GREETING_TIMEOUT_S))
-            self.pid = int(greeting["multiplexer"]["pid"])
-        except (asyncio.TimeoutError, OSError, ValueError, TypeError, KeyError) as exc:
-            await self.close()
-            raise ReuseUnavailable(f"the multiplexer at {self.path} did not greet ({type(exc).__name__})") from None
-
-    async def send(self, line: bytes) -> None:
-        if self._writer is None:
-            raise TransportError(f"{self.description}: the shared connection is not open")
-        try:
-            self._writer.write(line)
-            await self._writer.drain()
-        except OSError:
-            raise TransportError(f"{self.description}: the shared connection was lost{self._why()}") from None
-
-    async def receive(self) -> bytes:
-        assert self._reader is not None
-        while True:
-            try:
-                line = await self._reader.readline()
-            except ValueError:
-                raise TransportError("the agent sent a line over the size limit") from None
-            except OSError:
-                return b""
-            if not line.startswith(GREETING):
-                return line
-            with contextlib.suppress(ValueError, TypeError, KeyError):
-                self._closing = str(json.loads(line)["multiplexer"]["closing"])
-
-    def last_words(self) -> str:
-        return f"the shared connection (multiplexer pid {self.pid}) {self._closing or 'went away'}"
-
-    def _why(self) -> str:
-        return f": {self._closing}" if self._closing else ""
-
-    async def close(self) -> None:
-        if self._writer is not None:
-            self._writer.close()
-            with contextlib.suppress(OSError):
-                await self._writer.wait_closed()
-        self._reader = self._writer = None
+def socket_path(target: Target) -> Path:
+    """Where the multiplexer of `target` listens (or would)."""
+    return private_dir() / f"{target.key()}.sock"
 
 
-class ReusingTransport(Transport):
-    """Through the host's multiplexer when one runs; else directly (the `direct` transport), and then a
-    multiplexer is started for the commands that follow."""
+def check_socket(path: Path, spec: str) -> None:
+    """ReuseUnavailable unless `path` is a socket of this user's (start_one when there is none yet)."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        raise ReuseUnavailable(f"no multiplexer for {spec} yet", start_one=True) from None
+    if not stat.S_ISSOCK(st.st_mode) or st.st_uid != os.getuid():
+        raise ReuseUnavailable(f"{path} is not a socket of this user's; not used")
 
-    def __init__(self, target: Target, direct: Callable[[], Transport]) -> None:
-        self.target = target
-        self.description = target.spec
-        self._direct = direct
-        self._inner: Transport | None = None
 
-    @property
-    def multiplexer_pid(self) -> int | None:
-        return self._inner.pid if isinstance(self._inner, MultiplexedTransport) else None
+def unreachable(path: Path, exc: OSError) -> ReuseUnavailable:
+    """Why connecting to the socket at `path` failed."""
+    if isinstance(exc, (ConnectionRefusedError, FileNotFoundError)):
+        # Nobody listens: its multiplexer is gone. A new one removes the socket and takes its place.
+        return ReuseUnavailable(f"{path} is stale (its multiplexer is gone)", start_one=True)
+    return ReuseUnavailable(f"cannot connect to {path}: {exc}")
 
-    async def open(self) -> None:
-        path: Path | None = None
-        try:
-            path = private_dir() / f"{self.target.key()}.sock"
-            shared = MultiplexedTransport(self.target.spec, path)
-            await shared.open()
-            self._inner = shared
-            return
-        except ReuseUnavailable as exc:
-            log(f"{self.target.spec}: connecting directly: {exc}")
-            if not exc.start_one:
-                path = None
-        direct = self._direct()
-        await direct.open()  # its host key checks passed: only now may a multiplexer be started
-        self._inner = direct
-        if path is not None:
-            # Keyed again: a host key just trusted changed known_hosts, and the next command looks there.
-            start_multiplexer(self.target, path.with_name(f"{self.target.key()}.sock"))
 
-    async def send(self, line: bytes) -> None:
-        if self._inner is None:
-            raise TransportError(f"{self.description}: not connected")
-        await self._inner.send(line)
+def check_peer(sock: socket.socket, path: Path) -> None:
+    if peer_uid(sock) not in (None, os.getuid()):
+        raise ReuseUnavailable(f"{path} is served by another user; not used")
 
-    async def receive(self) -> bytes:
-        assert self._inner is not None
-        return await self._inner.receive()
 
-    def last_words(self) -> str:
-        return self._inner.last_words() if self._inner is not None else ""
+def greeting_pid(line: bytes) -> int:
+    """The multiplexer's pid from its greeting; ValueError (or KeyError, TypeError) when it is none."""
+    return int(json.loads(line)["multiplexer"]["pid"])
 
-    async def close(self) -> None:
-        if self._inner is not None:
-            await self._inner.close()
+
+def closing_reason(line: bytes) -> str | None:
+    """Why the multiplexer closes, from a line of its own (one that starts with GREETING); None: it does not say."""
+    with contextlib.suppress(ValueError, TypeError, KeyError):
+        return str(json.loads(line)["multiplexer"]["closing"])
+    return None
 
 
 def start_multiplexer(target: Target, path: Path) -> None:

@@ -29,7 +29,8 @@ from typing import Any
 import asyncssh
 
 from console import agent_copy, host_keys, host_py_spy, vendored
-from console.transport import STDERR_KEEP_LINES, Transport, TransportError
+from console.errors import TransportError
+from console.transport import STDERR_KEEP_LINES, Transport
 
 DEFAULT_PYTHON = "python3"  # the host's interpreter for the agent, unless --remote-python names another
 DEFAULT_WORKDIR = ".eagle3-console"  # relative to the remote home, as the agent's own default

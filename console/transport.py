@@ -14,19 +14,9 @@ import sys
 from pathlib import Path
 
 from backends.protocol import MAX_LINE_BYTES
+from console.errors import TransportError
 
 STDERR_KEEP_LINES = 20
-
-
-class TransportError(Exception):
-    """The agent could not be reached or went away; the message says what to do.
-
-    `transient` is False where retrying cannot help (a refused host key, a key the host does not accept).
-    """
-
-    def __init__(self, message: str, transient: bool = True) -> None:
-        super().__init__(message)
-        self.transient = transient
 
 
 class Transport(abc.ABC):

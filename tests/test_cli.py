@@ -369,3 +369,24 @@ def test_metrics_follow_prints_a_live_table_until_the_run_ends(cli: CLI) -> None
     lines = [line.split() for line in result.stdout.decode().splitlines()]
     assert lines == [["step", "loss"], ["1", "5"], ["2", "4"], ["3", "3"]]
     assert f"run {run_id} exited".encode() in result.stderr
+
+
+# Modules only some commands need: scripts call `status` and `kill` in loops, and each start pays for its imports.
+HEAVY = ("asyncio", "backends.serving", "backends.sglang", "backends.train", "backends.extract", "asyncssh", "textual")
+
+
+def modules_after(script: str, tmp_path: Path) -> list[str]:
+    """The heavy modules loaded by `script` in a Python of its own (no multiplexer runs for any host)."""
+    env = {**os.environ, "XDG_RUNTIME_DIR": str(tmp_path), "HOME": str(tmp_path)}
+    script += "\nimport sys\nprint(' '.join(sorted(sys.modules)))"
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True, env=env)
+    return [name for name in done.stdout.split() if name.startswith(HEAVY)]
+
+
+def test_status_and_kill_over_ssh_start_without_an_event_loop_the_serving_engine_or_a_stage(tmp_path: Path) -> None:
+    for words in (["gpu-host", "status", "--json"], ["gpu-host", "kill", "r1", "--signal", "KILL"]):
+        # No multiplexer serves gpu-host: the quick way declines, having loaded nothing heavy.
+        assert modules_after(f"from console import quick\nassert quick.answer({words!r}) is None", tmp_path) == []
+    # ... which serve does load, when it builds the server's command line.
+    serve = "from console import cli\ncli.serve_argv(cli.build_parser().parse_args(['h', 'serve', 'T', 'D']), [])"
+    assert "backends.serving" in modules_after(serve, tmp_path)

@@ -20,7 +20,8 @@ from typing import Any
 import pytest
 
 from backends.runs.store import RunSpec, RunStore
-from console.client import AgentClient, AgentError, Subscription
+from console.client import AgentClient, Subscription
+from console.errors import AgentError
 from console.transport import LocalTransport
 from console.tui.app import ConsoleApp
 from console.tui.panels import RunDetail, RunsTable

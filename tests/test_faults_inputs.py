@@ -21,7 +21,8 @@ from backends.protocol import MIN_INTERVAL_S, ProtocolError, parse_request, requ
 from backends.runs.store import RunSpec, SpecError
 from console import render
 from console.cli import watch_lines
-from console.client import AgentClient, AgentError
+from console.client import AgentClient
+from console.errors import AgentError
 from console.transport import LocalTransport
 from console.tui.app import ConsoleApp
 from console.tui.panels import RunDetail, RunsTable, detail_text, run_row

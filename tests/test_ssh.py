@@ -23,6 +23,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from console.agent_copy import backends_version
+from console.errors import TransportError
 from console.ssh_transport import parse_host
 from tests.conftest import REPO, free_port, until, wait_for
 from tests.sshd import ALIAS, Sshd, keygen
@@ -182,7 +183,6 @@ async def test_a_known_hosts_trusting_only_another_key_type_is_not_retried(
 ) -> None:
     from console.client import AgentClient
     from console.ssh_transport import SSHTransport
-    from console.transport import TransportError
 
     monkeypatch.setenv(
         "HOME", str(sshd.client_home(tmp_path / "home", known_hosts=rsa_only_known_hosts(sshd, tmp_path)))

@@ -7,6 +7,7 @@ has its own $XDG_RUNTIME_DIR, so its multiplexers are its own; they are stopped 
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
@@ -22,7 +23,9 @@ from pathlib import Path
 
 import pytest
 
-from console import reuse
+from console import quick, reuse
+from console.reuse_transport import ReusingTransport
+from console.transport import LocalTransport
 from tests.conftest import REPO, wait_for
 from tests.sshd import ALIAS, Sshd, keygen
 
@@ -152,6 +155,30 @@ def test_a_second_command_goes_through_the_first_ones_connection_and_agent(place
     assert all(p["died"] for p in json.loads(killed.stdout)["processes"])
     assert follower.wait(timeout=60) == 0  # the follow saw the run end
     assert place.serving() == mux and place.multiplexers() == [mux] and place.agents() == agent
+
+
+def without_an_event_loop(place: Place, *args: str) -> subprocess.CompletedProcess[str]:
+    """The command as `eagle3-console` runs it, in a Python where importing asyncio fails."""
+    script = "import sys\nsys.modules['asyncio'] = None\nfrom console.main import main\nsys.exit(main())"
+    argv = [sys.executable, "-c", script, "--workdir", str(place.workdir), ALIAS, *args]
+    return subprocess.run(argv, cwd=REPO, env=place.env(), capture_output=True, text=True, timeout=60, check=False)
+
+
+def test_status_and_kill_through_a_running_multiplexer_need_no_event_loop(place: Place) -> None:
+    assert place.cli("status").returncode == 0  # direct (asyncio): it starts the multiplexer
+    mux = place.serving()
+    run_id = launch_sleeper(place)
+    status = without_an_event_loop(place, "status", "--json")
+    assert status.returncode == 0, status.stderr
+    assert [r["state"] for r in json.loads(status.stdout)["runs"] if r["id"] == run_id] == ["running"]
+    killed = without_an_event_loop(place, "kill", run_id)
+    assert killed.returncode == 0, killed.stderr
+    assert "sent TERM, died" in killed.stdout and place.cli("status", run_id, "--json").stdout.count('"killed"')
+    # The agent's refusal is the same one line, and exit code, as the CLI's way gives.
+    refused = without_an_event_loop(place, "kill", "no-such-run")
+    assert refused.returncode == 1 and refused.stdout == ""
+    assert refused.stderr.startswith("eagle3-console: ") and len(refused.stderr.splitlines()) == 1
+    assert place.multiplexers() == [mux]
 
 
 def test_no_reuse_makes_its_own_connection_beside_the_shared_one(place: Place) -> None:
@@ -308,3 +335,33 @@ def test_another_workdir_is_another_connection(place: Place, tmp_path: Path) -> 
     other.cli("status")
     wait_for(lambda: len(place.sockets()) == 2, timeout=60, what="a second multiplexer")
     assert first in place.multiplexers() and len(place.multiplexers()) == 2
+
+
+def test_a_hung_multiplexer_found_by_the_quick_way_is_waited_for_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The quick way (`console.quick`) and then the CLI's way run in one process: the second takes the first's
+    finding rather than wait for the same greeting again. Real: the socket, the agent of `local`'s transport."""
+    runtime = Path(tempfile.mkdtemp(prefix="e3q", dir="/tmp"))
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(runtime))
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setattr(reuse, "GREETING_TIMEOUT_S", 0.2)
+    monkeypatch.setattr(reuse, "passed_over", {})
+    workdir = tmp_path / "work"
+    target = reuse.Target("gpu-host", str(workdir), None)
+    with socket.socket(socket.AF_UNIX) as hung:
+        hung.bind(str(reuse.socket_path(target)))
+        hung.listen(8)  # it takes connections and never greets, as a stopped multiplexer does
+        assert quick.answer(["--workdir", str(workdir), "gpu-host", "status"]) is None
+
+        async def connect() -> None:
+            transport = ReusingTransport(target, lambda: LocalTransport(workdir))
+            await transport.open()
+            await transport.close()
+
+        asyncio.run(connect())
+        hung.settimeout(0.5)
+        hung.accept()[0].close()  # the quick way's connection
+        with pytest.raises(TimeoutError):
+            hung.accept()  # and no other
+    subprocess.run(["rm", "-rf", str(runtime)], check=True)

@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,7 @@ from backends.runs.store import STACKS, RunDir, RunSpec, RunStore, StoreError
 
 LAUNCH_CONFIRM_S = 5.0
 POLL_S = 0.01  # a kill is answered when its processes are seen gone: a coarse poll only adds wait
+FIRST_POLL_S = 0.001  # a signalled process is mostly gone within a millisecond or two: look soon, then less often
 KILL_ESCALATION_WAIT_S = 5.0
 EXIT_RECORD_WAIT_S = 2.0
 
@@ -140,6 +142,14 @@ def launch(store: RunStore, spec: RunSpec, checked: PreflightResult | None = Non
     }
 
 
+def pauses() -> Iterator[float]:
+    """The sleeps between looks at something about to happen: FIRST_POLL_S, doubling up to POLL_S."""
+    pause = FIRST_POLL_S
+    while True:
+        yield pause
+        pause = min(pause * 2, POLL_S)
+
+
 def _alive(idents: dict[int, procinfo.ProcIdentity]) -> dict[int, procinfo.ProcIdentity]:
     return {pid: ident for pid, ident in idents.items() if procinfo.is_alive(ident)}
 
@@ -178,7 +188,7 @@ def kill(run: RunDir, signal_name: str = "TERM", grace: float = 10.0) -> KillRes
 
     def wait_gone(seconds: float) -> dict[int, procinfo.ProcIdentity]:
         """What is left of the run (the first targets and any newcomer) after up to `seconds`."""
-        deadline = time.monotonic() + seconds
+        deadline, waits = time.monotonic() + seconds, pauses()
         while True:
             left = _alive(targets)
             if not left:
@@ -187,7 +197,7 @@ def kill(run: RunDir, signal_name: str = "TERM", grace: float = 10.0) -> KillRes
                 targets.update(left)
             if not left or time.monotonic() >= deadline:
                 return left
-            time.sleep(POLL_S)
+            time.sleep(next(waits))
 
     first = signal.Signals[f"SIG{signal_name}"]
     send(first, targets)
@@ -209,11 +219,11 @@ def kill(run: RunDir, signal_name: str = "TERM", grace: float = 10.0) -> KillRes
 def _wait_exit_record(run: RunDir) -> None:
     """Give a live supervisor a moment to write exit.json, so the state we report is final."""
     supervisor = run.supervisor()
-    deadline = time.monotonic() + EXIT_RECORD_WAIT_S
+    deadline, waits = time.monotonic() + EXIT_RECORD_WAIT_S, pauses()
     while supervisor is not None and procinfo.is_alive(supervisor) and not _exit_written(run):
         if time.monotonic() > deadline:
             return
-        time.sleep(POLL_S)
+        time.sleep(next(waits))
 
 
 def has_live_processes(run: RunDir) -> bool:

@@ -25,8 +25,9 @@ from textual.widgets import DataTable, Footer, Header, Static
 
 from backends.protocol import TERMINAL_STATES, Metric, MetricRow, RunInfo, StatusResult
 from console import render
-from console.client import AgentClient, AgentError
-from console.transport import Transport, TransportError
+from console.client import AgentClient
+from console.errors import AgentError, TransportError
+from console.transport import Transport
 from console.tui.chart import ChartPicker, ChartsPanel, RunMetrics, choices, default_charts, nonfinite_loss, spec_label
 from console.tui.commands import RunCommands
 from console.tui.dialogs import ConfirmScreen, HelpScreen, RelaunchScreen, TextScreen

@@ -1,0 +1,236 @@
+"""The agent's operations, typed: one method per operation of the protocol (`protocol.OPS`), its arguments by
+name, its defaults, its reply, over an untyped `request`.
+
+Two clients are built on it: `console.client.AgentClient` (asyncio: subscriptions that stream, reconnects) and
+`console.quick.BlockingClient` (one request at a time through a running multiplexer, with no event loop). So it
+imports no asyncio: a short command that needs no loop does not pay for importing one.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal, cast, overload
+
+from backends.protocol import (
+    BenchLaunchResult,
+    DoctorResult,
+    EventsResult,
+    FreeGpusResult,
+    HelloResult,
+    KillResult,
+    LaunchResult,
+    LogChunk,
+    MetricsResult,
+    PreflightResult,
+    RelaunchPresetsResult,
+    RelaunchPreview,
+    RelaunchResult,
+    RunInfo,
+    RunsResult,
+    StacksResult,
+    StatusResult,
+)
+from console.errors import AgentError, TransportError
+
+
+def reply_result(msg: dict[str, Any]) -> Any:
+    """A reply's result; AgentError when it is a refusal."""
+    if msg.get("ok"):
+        return msg.get("result")
+    error = msg.get("error") or {}
+    raise AgentError(str(error.get("code")), str(error.get("message")), error.get("details"))
+
+
+class AgentOps(abc.ABC):
+    @abc.abstractmethod
+    async def request(self, op: str, **args: Any) -> Any:
+        """One request and its reply's result, untyped: the transport of the typed methods below."""
+
+    async def hello(self) -> HelloResult:
+        return cast(HelloResult, await self.request("hello"))
+
+    async def status(self, *, gpus: bool = True) -> StatusResult:
+        return cast(StatusResult, await self.request("status", gpus=gpus))
+
+    async def list_runs(self) -> RunsResult:
+        return cast(RunsResult, await self.request("list_runs"))
+
+    async def run_info(self, run: str) -> RunInfo:
+        """One run whole: every field that `status` cuts to keep its reply bounded."""
+        return cast(RunInfo, await self.request("run_info", run=run))
+
+    async def launch(
+        self,
+        kind: str,
+        argv: Sequence[str],
+        *,
+        name: str | None = None,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        gpus: Sequence[int] = (),
+        health_url: str | None = None,
+        stall_after: float | None = None,
+        module: str | None = None,
+        python: str | None = None,
+        nproc: int | None = None,
+        metrics_from: str | None = None,
+        force: bool = False,
+    ) -> LaunchResult:
+        result = await self.request(
+            "launch",
+            kind=kind,
+            argv=list(argv),
+            name=name,
+            env=dict(env or {}),
+            cwd=cwd,
+            gpus=list(gpus),
+            health_url=health_url,
+            stall_after=stall_after,
+            module=module,
+            python=python,
+            nproc=nproc,
+            metrics_from=metrics_from,
+            force=force,
+        )
+        return cast(LaunchResult, result)
+
+    async def stacks(self, run: str, *, now: bool = False) -> StacksResult:
+        return cast(StacksResult, await self.request("stacks", run=run, now=now))
+
+    async def kill(self, run: str, *, signal: str = "TERM", grace: float = 10.0) -> KillResult:
+        return cast(KillResult, await self.request("kill", run=run, signal=signal, grace=grace))
+
+    @overload
+    async def relaunch(
+        self,
+        run: str,
+        *,
+        set: Sequence[str] = ...,
+        unset: Sequence[str] = ...,
+        grace: float = ...,
+        force: bool = ...,
+        dry_run: Literal[False] = ...,
+    ) -> RelaunchResult: ...
+
+    @overload
+    async def relaunch(
+        self,
+        run: str,
+        *,
+        set: Sequence[str] = ...,
+        unset: Sequence[str] = ...,
+        grace: float = ...,
+        force: bool = ...,
+        dry_run: Literal[True],
+    ) -> RelaunchPreview: ...
+
+    async def relaunch(
+        self,
+        run: str,
+        *,
+        set: Sequence[str] = (),
+        unset: Sequence[str] = (),
+        grace: float = 10.0,
+        force: bool = False,
+        dry_run: bool = False,
+    ) -> RelaunchResult | RelaunchPreview:
+        """A copy of the run with flags set and removed (its parent stopped first); with `dry_run`, what that
+        would do, doing nothing."""
+        result = await self.request(
+            "relaunch", run=run, set=list(set), unset=list(unset), grace=grace, force=force, dry_run=dry_run
+        )
+        return cast("RelaunchResult | RelaunchPreview", result)
+
+    async def free_gpus(
+        self, *, gpus: Sequence[int] | None = None, dry_run: bool = True, timeout: float = 15.0, grace: float = 5.0
+    ) -> FreeGpusResult:
+        """Your processes that hold GPU memory (all GPUs, or `gpus`): the plan, or with dry_run=False, done."""
+        result = await self.request(
+            "free_gpus", gpus=None if gpus is None else list(gpus), dry_run=dry_run, timeout=timeout, grace=grace
+        )
+        return cast(FreeGpusResult, result)
+
+    async def logs(
+        self, run: str, *, offset: int | None = None, tail: int | None = None, max_bytes: int = 4 * 1024 * 1024
+    ) -> LogChunk:
+        """A piece of the run's output: from `offset`, or its last `tail` lines, or from its start."""
+        result = await self.request("logs", run=run, offset=offset, tail=tail, max_bytes=max_bytes)
+        return cast(LogChunk, result)
+
+    async def metrics(self, run: str, *, offset: int = 0) -> MetricsResult:
+        return cast(MetricsResult, await self.request("metrics", run=run, offset=offset))
+
+    async def events(self, run: str, *, offset: int = 0) -> EventsResult:
+        """The run's events from `offset`: its phases, health answers and stalls (a timeline's source)."""
+        return cast(EventsResult, await self.request("events", run=run, offset=offset))
+
+    async def doctor(
+        self,
+        draft: str,
+        *,
+        target: str | None = None,
+        data: str | None = None,
+        sglang_version: str | None = None,
+        context_length: int | None = None,
+        dry_load: bool = False,
+        sglang_python: str | None = None,
+        cwd: str | None = None,
+    ) -> DoctorResult:
+        result = await self.request(
+            "doctor",
+            draft=draft,
+            target=target,
+            data=data,
+            sglang_version=sglang_version,
+            context_length=context_length,
+            dry_load=dry_load,
+            sglang_python=sglang_python,
+            cwd=cwd,
+        )
+        return cast(DoctorResult, result)
+
+    async def bench(
+        self,
+        target: str,
+        *,
+        prompts: str = "builtin",
+        requests: int = 32,
+        concurrency: int = 4,
+        max_tokens: int = 256,
+        api: str = "chat",
+        name: str | None = None,
+        cwd: str | None = None,
+    ) -> BenchLaunchResult:
+        """A run that benches `target` (a serve run, or a URL) from the host; its result is kept with the serve run."""
+        result = await self.request(
+            "bench",
+            target=target,
+            prompts=prompts,
+            requests=requests,
+            concurrency=concurrency,
+            max_tokens=max_tokens,
+            api=api,
+            name=name,
+            cwd=cwd,
+        )
+        return cast(BenchLaunchResult, result)
+
+    async def relaunch_presets(self, run: str) -> RelaunchPresetsResult:
+        """The relaunch presets spelled for the release that serves the run; when the host cannot say (an older
+        run, a link down), the spelling every release accepts."""
+        try:
+            return cast(RelaunchPresetsResult, await self.request("relaunch_presets", run=run))
+        except (AgentError, TransportError):
+            from backends import serving  # only here: a command that never relaunches need not import the engine
+
+            return {"version": None, "presets": list(serving.DEFAULT.fallback_presets)}
+
+    async def preflight(
+        self, kind: str, argv: Sequence[str], *, cwd: str | None = None, env: Mapping[str, str] | None = None
+    ) -> PreflightResult:
+        result = await self.request("preflight", kind=kind, argv=list(argv), cwd=cwd, env=dict(env or {}))
+        return cast(PreflightResult, result)
+
+    async def convert(self, src: str, dst: str, *, to: str = "sglang", cwd: str | None = None) -> DoctorResult:
+        return cast(DoctorResult, await self.request("convert", src=src, dst=dst, to=to, cwd=cwd))

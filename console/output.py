@@ -1,0 +1,47 @@
+"""What a command prints and the code it exits with: data on stdout, one line for the person on stderr.
+
+Exit codes: 0 ok, 1 the operation failed, 2 usage error; every failure is one line on stderr that says what
+happened and what to do.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from backends.protocol import DoctorResult
+from console.errors import AgentError, TransportError
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+
+
+def note(text: str) -> None:
+    """A line for the person watching, on stderr (stdout stays the data)."""
+    print(f"eagle3-console: {text}", file=sys.stderr, flush=True)
+
+
+def out(text: str) -> None:
+    print(text, flush=True)
+
+
+def dump(obj: object) -> None:
+    out(json.dumps(obj, indent=2))
+
+
+def doctor_text(result: DoctorResult) -> str:
+    """doctor's findings as text; its rules are imported only when there are findings to show (every other
+    command would pay for them at start-up)."""
+    from backends.doctor.report import format_result
+
+    return format_result(result)
+
+
+def failed(exc: AgentError | TransportError) -> int:
+    """Say why a request failed (with doctor's findings when they are the reason); the exit code."""
+    if isinstance(exc, TransportError):
+        note(str(exc))
+        return EXIT_FAILED
+    if exc.code in ("doctor_refused", "flags_refused") and exc.details:
+        print(doctor_text(exc.details), file=sys.stderr)
+    note(exc.message)
+    return EXIT_USAGE if exc.code in ("bad_args", "unknown_op") else EXIT_FAILED

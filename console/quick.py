@@ -1,0 +1,159 @@
+"""The short commands (`status`, `stacks`, `kill`: one request, one answer) through the host's running
+multiplexer, with no event loop: scripts call them in loops, and importing asyncio alone took longer (23 ms)
+than the kill itself.
+
+`answer(words)` answers such a command when a multiplexer serves its host, else says None and the CLI goes
+its usual way (which starts a multiplexer). It speaks only to a socket of this user's, whose peer is this
+user, that greets as a multiplexer (the checks of `console.reuse`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import socket
+import sys
+from collections.abc import Callable, Coroutine
+from pathlib import Path
+from typing import Any, TypeVar
+
+from backends.protocol import MAX_LINE_BYTES, PROTOCOL_VERSION, request_line
+from console import args, config, reuse
+from console.errors import AgentError, TransportError
+from console.one_shot import cmd_kill, cmd_stacks, cmd_status
+from console.ops import AgentOps, reply_result
+from console.output import EXIT_OK, failed
+
+T = TypeVar("T")
+ONE_SHOT: dict[str, Callable[[AgentOps, argparse.Namespace, list[str]], Coroutine[Any, Any, int]]] = {
+    "status": cmd_status,
+    "stacks": cmd_stacks,
+    "kill": cmd_kill,
+}
+
+
+class BlockingClient(AgentOps):
+    """The agent behind a multiplexer's socket, one request at a time, each awaited by blocking on the socket."""
+
+    def __init__(self, spec: str) -> None:
+        self.spec = spec
+        self._ids = itertools.count(1)
+        self._sock: socket.socket | None = None
+        self._lines: Any = None  # the socket's reading side, as a binary file
+        self._closing: str | None = None  # why the multiplexer said it closes
+
+    def connect(self, path: Path) -> None:
+        """Connect and read the greeting; ReuseUnavailable when no multiplexer answers as one should."""
+        reuse.check_socket(path, self.spec)
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.connect(str(path))
+        except OSError as exc:
+            sock.close()
+            raise reuse.unreachable(path, exc) from None
+        self._sock, self._lines = sock, sock.makefile("rb")
+        try:
+            reuse.check_peer(sock, path)
+            sock.settimeout(reuse.GREETING_TIMEOUT_S)
+            reuse.greeting_pid(self._lines.readline(MAX_LINE_BYTES))
+            sock.settimeout(None)
+        except reuse.ReuseUnavailable:
+            self.close()
+            raise
+        except (OSError, ValueError, TypeError, KeyError) as exc:
+            self.close()
+            raise reuse.ReuseUnavailable(f"the multiplexer at {path} did not greet ({type(exc).__name__})") from None
+
+    async def request(self, op: str, **arguments: Any) -> Any:
+        assert self._sock is not None
+        request_id = next(self._ids)
+        lost = f"{self.spec}: the shared connection was lost"
+        try:
+            self._sock.sendall(request_line(request_id, op, arguments))
+        except OSError:
+            raise TransportError(lost + self._why()) from None
+        while True:
+            try:
+                line = self._lines.readline(MAX_LINE_BYTES + 1)
+            except OSError:
+                line = b""
+            if not line:
+                raise TransportError(lost + self._why())
+            if len(line) > MAX_LINE_BYTES:
+                raise TransportError("the agent sent a line over the size limit")
+            if line.startswith(reuse.GREETING):
+                self._closing = reuse.closing_reason(line) or self._closing
+                continue
+            try:
+                msg = json.loads(line)
+            except ValueError as exc:
+                raise TransportError(f"the agent sent something that is not a message ({exc})") from None
+            if isinstance(msg, dict) and msg.get("id") == request_id:
+                return reply_result(msg)
+
+    def _why(self) -> str:
+        return f": {self._closing}" if self._closing else ""
+
+    def close(self) -> None:
+        if self._lines is not None:
+            self._lines.close()
+        if self._sock is not None:
+            self._sock.close()
+        self._sock = self._lines = None
+
+
+def drive(coroutine: Coroutine[Any, Any, T]) -> T:
+    """Run to its end a coroutine that never waits on an event loop: every await of it is a blocking call of
+    BlockingClient's, so one step finishes it. This is what lets one_shot's commands serve both clients."""
+    try:
+        coroutine.send(None)
+    except StopIteration as done:
+        return done.value  # type: ignore[no-any-return]
+    coroutine.close()
+    raise RuntimeError("a one-shot command waited on an event loop")
+
+
+def answer(words: list[str]) -> int | None:
+    """The exit code of a one-shot command answered through a running multiplexer; None: not such a command, or
+    no multiplexer serves its host (nothing was sent then, so the CLI may do it all its usual way)."""
+    if "_ARGCOMPLETE" in os.environ:
+        return None
+    options, tail = args.split(words, args.GRAMMARS)
+    try:
+        ns = args.build_parser(args.GRAMMARS).parse_args(options)
+        config.apply_settings(ns, config.load())
+    except (args.UsageError, config.ConfigError):
+        return None  # the CLI says what is wrong
+    command = ONE_SHOT.get(ns.command)
+    if command is None or tail or ns.host == "local" or ns.no_reuse:
+        return None
+    target = reuse.Target.of(ns)
+    try:
+        path = reuse.socket_path(target)
+    except reuse.ReuseUnavailable:
+        return None  # the CLI's way finds the same, and says so in its log
+    client = BlockingClient(target.spec)
+    try:
+        client.connect(path)
+        if drive(client.hello()).get("version") != PROTOCOL_VERSION:
+            client.close()
+            return None
+    except reuse.ReuseUnavailable as exc:
+        reuse.passed_over[path] = exc  # the CLI's way takes it from here, without trying the socket again
+        return None
+    except (AgentError, TransportError):
+        client.close()
+        return None
+    try:
+        return drive(command(client, ns, []))
+    except (AgentError, TransportError) as exc:
+        return failed(exc)
+    except KeyboardInterrupt:
+        return EXIT_OK
+    except BrokenPipeError:
+        sys.stderr.close()  # stdout closed early (e.g. `| head`): not an error of ours
+        return EXIT_OK
+    finally:
+        client.close()
