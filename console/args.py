@@ -465,7 +465,12 @@ def build_parser(commands: Iterable[Grammar], completing: bool = False) -> Parse
         help="over SSH, connect afresh for this command instead of through the shared connection that the first "
         "command for a host leaves running (it exits after 5 idle minutes)",
     )
-    host = parser.add_argument("host", metavar="HOST", help="'local', a host of config.toml, or [user@]host[:port]")
+    host = parser.add_argument(
+        "host",
+        metavar="HOST",
+        help="'local', a host of config.toml, or [user@]host[:port]; for status, watch and free-gpus --dry-run "
+        "also several: a,b or a group of config.toml",
+    )
     host.completer = host_names  # type: ignore[attr-defined]  # argcomplete's hook
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
     for grammar in commands:

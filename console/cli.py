@@ -12,20 +12,20 @@ import dataclasses
 import json
 import os
 import sys
-import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from backends.protocol import TERMINAL_STATES, LaunchResult, MetricRow
+from backends.protocol import LaunchResult, MetricRow
 from console import args as grammar
-from console import config, export, render
+from console import config, export, many_hosts, render
 from console.args import Grammar, Parser, UsageError, split, stage_options
-from console.client import PAST_END, AgentClient, follow, reconnect_and_say
+from console.client import PAST_END, AgentClient, follow
 from console.errors import AgentError, TransportError
 from console.one_shot import cmd_kill, cmd_stacks, cmd_status
 from console.output import EXIT_FAILED, EXIT_OK, EXIT_USAGE, doctor_text, dump, failed, note, out
 from console.transport import LocalTransport, Transport
+from console.watching import watch_runs
 
 if TYPE_CHECKING:
     from console.host_keys import TrustNewKey
@@ -141,44 +141,8 @@ def write_log(data_b64: str) -> None:
 
 async def cmd_watch(client: AgentClient, ns: argparse.Namespace, _: list[str]) -> int:
     """Each run's changes of state, one timed line each, across lost connections, until Ctrl-C."""
-    states: dict[str, str] | None = None
-    while True:
-        try:
-            runs = (await client.status(gpus=False))["runs"]
-        except TransportError as exc:
-            await reconnect_and_say(client, note, str(exc), "changes meanwhile follow")
-            continue
-        if states is None:
-            live = sum(run["state"] not in TERMINAL_STATES for run in runs)
-            note(f"watching {len(runs)} runs ({live} live); Ctrl-C to stop")
-        for line in watch_lines(states, runs, ns.json):
-            out(line)
-        states = {run["id"]: run["state"] for run in runs}
-        await asyncio.sleep(ns.interval)
-
-
-def watch_lines(states: dict[str, str] | None, runs: Sequence[Mapping[str, Any]], as_json: bool) -> list[str]:
-    """What `watch` prints for one look. The first (no `states` yet): the stalls it finds, or for a
-    script every run, marked `first`; then each change, with where the stacks are or what to try."""
-    now = time.time()
-    if states is None:
-        if as_json:
-            return [
-                json.dumps({"t": round(now, 3), "first": True, "from": None, "to": r["state"], "run": r}) for r in runs
-            ]
-        return [
-            f"{render.clock(now)} {line}" for line in render.run_notes([r for r in runs if r["state"] == "stalled"])
-        ]
-    by_id = {run["id"]: run for run in runs}
-    lines: list[str] = []
-    for change in render.state_changes(states, runs):
-        run = by_id[change.run_id]
-        if as_json:
-            lines.append(json.dumps({"t": round(now, 3), "from": change.was, "to": run["state"], "run": run}))
-        else:
-            lines.append(f"{render.clock(now)} {change.text}")
-            lines.extend(f"    {line}" for line in render.run_notes([run]))
-    return lines
+    await watch_runs(client, ns, note)
+    return EXIT_OK
 
 
 async def cmd_logs(client: AgentClient, ns: argparse.Namespace, _: list[str]) -> int:
@@ -494,6 +458,11 @@ def main(args: list[str] | None = None) -> int:
         if rest[:1] == ["hosts"] and set(rest[1:]) <= {"--json"} and not tail:
             return list_hosts(settings, "--json" in rest)
         ns = build_parser().parse_args(options)
+        hosts = settings.expand(ns.host)
+        if len(hosts) > 1:
+            many_hosts.check(ns, tail)
+            return asyncio.run(many_hosts.run(ns, hosts, settings, command_transport))
+        ns.host = hosts[0]
         config.apply_settings(ns, settings)
         if ns.command is None:
             return open_console(ns)

@@ -12,6 +12,9 @@ applies), and the hosts of `~/.ssh/config`.
     stall_after = 30
     description = "8x H200, training"
 
+    [groups]                        # `eagle3-console lab status`: every host of the group
+    lab = ["gpu1", "alice@gpu2"]
+
 A flag on the command line wins over the host's setting, which wins over [defaults]. A key this file does not know
 is an error, not ignored: a misspelt `remote_pyhton` would otherwise silently leave the default in force.
 """
@@ -65,6 +68,21 @@ class Config:
     path: Path
     defaults: dict[str, Any] = field(default_factory=dict)
     hosts: dict[str, Host] = field(default_factory=dict)
+    groups: dict[str, list[str]] = field(default_factory=dict)
+
+    def expand(self, host: str) -> list[str]:
+        """The hosts HOST names: `a,b` lists them, a name of [groups] stands for its hosts; else HOST alone."""
+        if host in self.groups:
+            return list(self.groups[host])
+        if "," not in host:
+            return [host]
+        names = [name.strip() for name in host.split(",")]
+        if not all(names):
+            raise ConfigError(f"{host!r} has an empty host name; write hosts as a,b (no spaces, no empty ones)")
+        repeated = sorted({name for name in names if names.count(name) > 1})
+        if repeated:
+            raise ConfigError(f"{host!r} names {repeated[0]} twice; name each host once")
+        return names
 
     def settings_for(self, host: str) -> tuple[str, dict[str, Any]]:
         """(the address to connect to, the settings that apply) for HOST as typed: a name in [hosts], an address
@@ -95,9 +113,9 @@ def load(path: Path | None = None) -> Config:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: not valid TOML ({exc}); fix or remove it") from None
-    unknown = sorted(set(data) - {"defaults", "hosts"})
+    unknown = sorted(set(data) - {"defaults", "hosts", "groups"})
     if unknown:
-        raise ConfigError(f"{path}: unknown table {unknown[0]!r}; it knows [defaults] and [hosts.NAME]")
+        raise ConfigError(f"{path}: unknown table {unknown[0]!r}; it knows [defaults], [hosts.NAME] and [groups]")
     defaults = _settings(path, "defaults", data.get("defaults", {}), SETTINGS)
     hosts_table = data.get("hosts", {})
     if not isinstance(hosts_table, dict):
@@ -111,7 +129,21 @@ def load(path: Path | None = None) -> Config:
         address = settings.pop("address", name)
         description = settings.pop("description", "")
         hosts[name] = Host(name, address, "config.toml", settings, description)
-    return Config(path, defaults, hosts)
+    return Config(path, defaults, hosts, _groups(path, data.get("groups", {}), hosts))
+
+
+def _groups(path: Path, table: object, hosts: dict[str, Host]) -> dict[str, list[str]]:
+    if not isinstance(table, dict):
+        raise ConfigError(f'{path}: [groups] must be a table like: lab = ["gpu1", "gpu2"]')
+    groups: dict[str, list[str]] = {}
+    for name, members in table.items():
+        if name in hosts or name in ("local", "hosts") or "," in name:
+            raise ConfigError(f"{path}: [groups] {name!r} cannot name a group (a host, or a word of the console's)")
+        fine = isinstance(members, list) and members and all(isinstance(m, str) and m.strip() for m in members)
+        if not fine or len(set(members)) != len(members) or any("," in m or m in table for m in members):
+            raise ConfigError(f'{path}: [groups] {name} must be a list of hosts, each once, e.g. ["gpu1", "gpu2"]')
+        groups[name] = list(members)
+    return groups
 
 
 def _settings(path: Path, where: str, table: object, known: dict[str, tuple[type, str]]) -> dict[str, Any]:
@@ -179,8 +211,10 @@ def _ssh_blocks(path: Path, depth: int) -> Iterator[tuple[list[str], dict[str, s
 
 
 def known_hosts(config: Config) -> list[Host]:
-    """Every host the console knows, config.toml's first; a name in both is config.toml's."""
-    return [*config.hosts.values(), *(h for h in ssh_config_hosts() if h.name not in config.hosts)]
+    """Every host the console knows, config.toml's first (a name in both is config.toml's), then its groups (the
+    address of one is its hosts, as HOST would list them)."""
+    groups = [Host(name, ",".join(members), "group") for name, members in config.groups.items()]
+    return [*config.hosts.values(), *(h for h in ssh_config_hosts() if h.name not in config.hosts), *groups]
 
 
 def apply_settings(ns: argparse.Namespace, settings: Config) -> None:

@@ -123,7 +123,10 @@ def answer(words: list[str]) -> int | None:
     options, tail = args.split(words, args.GRAMMARS)
     try:
         ns = args.build_parser(args.GRAMMARS).parse_args(options)
-        config.apply_settings(ns, config.load())
+        settings = config.load()
+        if settings.expand(ns.host) != [ns.host]:
+            return None  # several hosts: each on a connection of its own (`console.many_hosts`)
+        config.apply_settings(ns, settings)
     except (args.UsageError, config.ConfigError):
         return None  # the CLI says what is wrong
     command = ONE_SHOT.get(ns.command)

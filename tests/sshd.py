@@ -57,10 +57,19 @@ def keygen(path: Path) -> str:
     return path.with_suffix(".pub").read_text().strip()
 
 
-def _config(port: int, key: Path) -> str:
+def _config(port: int, key: Path, alias: str = ALIAS) -> str:
     return (
-        f"Host {ALIAS}\n    HostName 127.0.0.1\n    Port {port}\n    User {getpass.getuser()}\n    IdentityFile {key}\n"
+        f"Host {alias}\n    HostName 127.0.0.1\n    Port {port}\n    User {getpass.getuser()}\n    IdentityFile {key}\n"
     )
+
+
+def home_for(folder: Path, hosts: dict[str, Sshd]) -> Path:
+    """A client HOME that reaches each sshd by its alias here (several hosts from one laptop)."""
+    ssh = folder / ".ssh"
+    ssh.mkdir(parents=True)
+    (ssh / "config").write_text("".join(_config(d.port, d.home / ".ssh" / "id_ed25519", a) for a, d in hosts.items()))
+    (ssh / "known_hosts").write_text("".join(d.known_hosts() for d in hosts.values()))
+    return folder
 
 
 def start_sshd(folder: Path) -> Sshd:

@@ -20,12 +20,12 @@ from hypothesis import strategies as st
 from backends.protocol import MIN_INTERVAL_S, ProtocolError, parse_request, request_line
 from backends.runs.store import RunSpec, SpecError
 from console import render
-from console.cli import watch_lines
 from console.client import AgentClient
 from console.errors import AgentError
 from console.transport import LocalTransport
 from console.tui.app import ConsoleApp
 from console.tui.panels import RunDetail, RunsTable, detail_text, run_row
+from console.watching import watch_lines
 from tests.conftest import CLI, launch, run_info, until, wait_state
 
 TRUE = shutil.which("true") or "/bin/true"

@@ -1,0 +1,227 @@
+"""Several hosts in one command (`console.many_hosts`, issue 13 item 1's CLI): `status`, `watch` and
+`free-gpus --dry-run` over `a,b` or a [groups] name of config.toml.
+
+Real: two OpenSSH servers on 127.0.0.1 standing for two hosts (`tests/sshd.py`), each with its own run store,
+the CLI in its own process as a user runs it, the agents on the "hosts", runs and signals. A host going down is
+its sshd killed with every session it serves.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from console import config
+from tests.conftest import REPO
+from tests.sshd import SSHD, Sshd, home_for, start_sshd
+
+SLEEPER = "import time\ntime.sleep(600)"
+
+
+@dataclass
+class Laptop:
+    """A user's machine that knows two hosts, `a` and `b` (and the group `lab` of both)."""
+
+    home: Path
+    runtime: Path
+    servers: dict[str, Sshd]
+
+    def env(self) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if k != "SSH_AUTH_SOCK"}
+        return {**env, "HOME": str(self.home), "XDG_RUNTIME_DIR": str(self.runtime), "XDG_CONFIG_HOME": ""}
+
+    def argv(self, *args: str) -> list[str]:
+        return [sys.executable, "-m", "console", *args]
+
+    def cli(self, *args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            self.argv(*args), cwd=REPO, env=self.env(), capture_output=True, text=True, timeout=120, check=False
+        )
+
+    def launch(self, host: str) -> str:
+        done = self.cli(host, "launch", "command", "--", "python3", "-c", SLEEPER)
+        assert done.returncode == 0, done.stderr
+        return done.stdout.strip()
+
+    def bring_up(self, host: str) -> None:
+        """The host's sshd again, on its port with its keys (the host is back)."""
+        server = self.servers[host]
+        config = Path(server.home).parent / "server" / "sshd_config"
+        server.process = subprocess.Popen([str(SSHD), "-D", "-e", "-f", str(config)], stderr=subprocess.DEVNULL)
+
+    def take_down(self, host: str) -> None:
+        """The host's sshd and every session it serves, gone (a host powered off, as its clients see it)."""
+        master = self.servers[host].process.pid
+        doomed = {master}
+        grew = True
+        while grew:
+            grew = False
+            for entry in Path("/proc").iterdir():
+                if entry.name.isdigit() and int(entry.name) not in doomed:
+                    try:
+                        ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+                    except (OSError, IndexError, ValueError):
+                        continue
+                    if ppid in doomed:
+                        doomed.add(int(entry.name))
+                        grew = True
+        for pid in doomed - {master}:
+            os.kill(pid, signal.SIGKILL)
+        self.servers[host].process.kill()
+        self.servers[host].process.wait()
+
+
+@pytest.fixture
+def laptop(tmp_path: Path) -> Iterator[Laptop]:
+    if not SSHD.is_file():
+        pytest.skip(f"{SSHD} is missing: `make test` installs openssh-server")
+    servers = {name: start_sshd(tmp_path / f"sshd-{name}") for name in ("a", "b")}
+    home = home_for(tmp_path / "laptop", {f"gpu-{name}": server for name, server in servers.items()})
+    settings = home / ".config" / "eagle3-console" / "config.toml"
+    settings.parent.mkdir(parents=True)
+    settings.write_text(
+        "".join(f'[hosts.{n}]\naddress = "gpu-{n}"\nworkdir = "{tmp_path / n}"\n' for n in servers)
+        + '[groups]\nlab = ["a", "b"]\n'
+    )
+    runtime = Path(tempfile.mkdtemp(prefix="e3m", dir="/tmp"))  # short: socket paths must fit in 108 bytes
+    yield Laptop(home, runtime, servers)
+    subprocess.run(["pkill", "-TERM", "-f", f"console.multiplexer --socket {runtime}"], check=False)
+    for server in servers.values():
+        if server.process.poll() is None:
+            server.stop()
+    subprocess.run(["rm", "-rf", str(runtime)], check=True)
+
+
+def test_status_over_a_group_shows_each_host_and_its_json_marks_every_run(laptop: Laptop) -> None:
+    runs = {host: laptop.launch(host) for host in ("a", "b")}
+    text = laptop.cli("lab", "status")
+    assert text.returncode == 0, text.stderr
+    a, b = text.stdout.split("\n\n== b\n")
+    assert a.startswith("== a\n") and runs["a"] in a and runs["b"] not in a
+    assert runs["b"] in b and runs["a"] not in b
+    listed = laptop.cli("a,b", "status", "--json")
+    hosts = json.loads(listed.stdout)["hosts"]
+    assert [(h["host"], h["ok"]) for h in hosts] == [("a", True), ("b", True)]
+    for host in hosts:
+        assert [(r["id"], r["host"]) for r in host["result"]["runs"]] == [(runs[host["host"]], host["host"])]
+
+
+def test_a_host_that_cannot_be_reached_fails_the_exit_code_and_hides_no_other(laptop: Laptop) -> None:
+    run = laptop.launch("a")
+    laptop.take_down("b")
+    text = laptop.cli("lab", "status")
+    assert text.returncode == 1
+    assert run in text.stdout and "== b: cannot be reached:" in text.stdout
+    hosts = json.loads(laptop.cli("lab", "status", "--json").stdout)["hosts"]
+    assert hosts[0]["ok"] and not hosts[1]["ok"] and hosts[1]["error"]
+    plans = laptop.cli("lab", "free-gpus", "--dry-run")
+    assert plans.returncode == 1 and "== a\nno GPUs found" in plans.stdout and "== b: cannot be reached" in plans.stdout
+
+
+def lines_of(stream: IO[str]) -> queue.Queue[str]:
+    """The stream's lines as they come, read in a thread (a test waits for one with a timeout, never forever)."""
+    lines: queue.Queue[str] = queue.Queue()
+
+    def read() -> None:
+        for line in stream:
+            lines.put(line)
+
+    threading.Thread(target=read, daemon=True).start()
+    return lines
+
+
+def next_line(lines: queue.Queue[str], wanted: str, timeout: float = 60) -> str:
+    """The next line that holds `wanted` (those before it are passed over)."""
+    while True:
+        line = lines.get(timeout=timeout)
+        if wanted in line:
+            return line
+
+
+def test_watch_over_two_hosts_goes_on_while_one_is_down_and_picks_it_up_again(laptop: Laptop) -> None:
+    runs = {host: laptop.launch(host) for host in ("a", "b")}
+    watch = subprocess.Popen(
+        laptop.argv("lab", "watch", "--interval", "0.3", "--json"), cwd=REPO, env=laptop.env(),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+    )  # fmt: skip
+    assert watch.stdout is not None and watch.stderr is not None
+    changes, said = lines_of(watch.stdout), lines_of(watch.stderr)
+    try:
+        first = [json.loads(changes.get(timeout=60)) for _ in runs]  # every run once, marked first
+        assert sorted((line["run"]["host"], line["run"]["id"]) for line in first) == sorted(runs.items())
+        laptop.take_down("b")
+        next_line(said, "b: connection lost")
+        assert laptop.cli("a", "kill", runs["a"]).returncode == 0
+        change = json.loads(changes.get(timeout=60))  # while b is down, a's changes come
+        assert (change["run"]["host"], change["run"]["id"], change["to"]) == ("a", runs["a"], "killed")
+        laptop.bring_up("b")
+        next_line(said, "b: reconnected after")
+        assert laptop.cli("b", "kill", runs["b"]).returncode == 0
+        change = json.loads(changes.get(timeout=60))
+        assert (change["run"]["host"], change["run"]["id"], change["to"]) == ("b", runs["b"], "killed")
+    finally:
+        os.killpg(watch.pid, signal.SIGINT)
+        watch.wait(timeout=30)
+
+
+def test_commands_of_one_host_refuse_several_in_one_line(laptop: Laptop) -> None:
+    for words, said in (
+        (["lab", "kill", "r1"], "kill works on one host"),
+        (["a,b", "free-gpus", "--yes"], "free-gpus kills on one host at a time"),
+        (["a,b", "status", "r1"], "status RUN names a run of one host"),
+        (["a,,b", "status"], "empty host name"),
+        (["a,a", "status"], "names a twice"),
+    ):
+        done = laptop.cli(*words)
+        assert (done.returncode, done.stdout) == (2, ""), words
+        assert said in done.stderr and len(done.stderr.splitlines()) == 1
+
+
+NAMES = st.text(alphabet="ab,-.@:", max_size=12)
+
+
+@given(NAMES)
+def test_a_host_list_is_its_names_each_once_or_refused(text: str) -> None:
+    try:
+        hosts = config.Config(Path("config.toml")).expand(text)
+    except config.ConfigError as exc:
+        assert "," in text and str(exc)
+        return
+    assert hosts == ([text] if "," not in text else text.split(","))
+    assert all(hosts) or hosts == [""]
+    assert len(set(hosts)) == len(hosts)
+
+
+def test_a_group_must_be_a_list_of_distinct_hosts(tmp_path: Path) -> None:
+    for table, said in (
+        ('lab = "a"', "must be a list of hosts"),
+        ('lab = ["a", "a"]', "each once"),
+        ("lab = []", "must be a list of hosts"),
+        ('local = ["a"]', "cannot name a group"),
+    ):
+        path = tmp_path / "config.toml"
+        path.write_text(f"[groups]\n{table}\n")
+        with pytest.raises(config.ConfigError, match=said):
+            config.load(path)
+    path.write_text('[groups]\nlab = ["a", "b"]\n')
+    assert config.load(path).expand("lab") == ["a", "b"]
+
+
+def test_hosts_lists_the_groups_after_the_hosts(laptop: Laptop) -> None:
+    listed = {host["name"]: host for host in json.loads(laptop.cli("hosts", "--json").stdout)}
+    assert (listed["lab"]["address"], listed["lab"]["source"]) == ("a,b", "group")
+    assert list(listed)[-1] == "lab" and "lab" in laptop.cli("hosts").stdout
