@@ -459,7 +459,7 @@ def main(args: list[str] | None = None) -> int:
             return list_hosts(settings, "--json" in rest)
         ns = build_parser().parse_args(options)
         hosts = settings.expand(ns.host)
-        if len(hosts) > 1:
+        if hosts != [ns.host]:  # a list or a group, even of one: the answer has the same shape for any size
             many_hosts.check(ns, tail)
             return asyncio.run(many_hosts.run(ns, hosts, settings, command_transport))
         ns.host = hosts[0]

@@ -1,7 +1,9 @@
 """`status`, `watch` and `free-gpus --dry-run` over several hosts at once: HOST as `a,b`, or a [groups] name of
-config.toml. Each host is reached on its own connection with its own settings, and every line or JSON object
-says which host it is about; a host that cannot be reached is said (and fails the exit code) without hiding
-the others, and `watch` reconnects each host on its own.
+config.toml (a group of one too: a script gets the same shape of answer whatever the group's size).
+
+Each host is reached on its own connection with its own settings, and every line or JSON object says which
+host it is about; a host that cannot be reached is said (and fails the exit code) without hiding the others,
+and `watch` reconnects each host on its own.
 """
 
 from __future__ import annotations

@@ -95,7 +95,7 @@ def laptop(tmp_path: Path) -> Iterator[Laptop]:
     settings.parent.mkdir(parents=True)
     settings.write_text(
         "".join(f'[hosts.{n}]\naddress = "gpu-{n}"\nworkdir = "{tmp_path / n}"\n' for n in servers)
-        + '[groups]\nlab = ["a", "b"]\n'
+        + '[groups]\nlab = ["a", "b"]\nsolo = ["a"]\n'
     )
     runtime = Path(tempfile.mkdtemp(prefix="e3m", dir="/tmp"))  # short: socket paths must fit in 108 bytes
     yield Laptop(home, runtime, servers)
@@ -113,6 +113,8 @@ def test_status_over_a_group_shows_each_host_and_its_json_marks_every_run(laptop
     a, b = text.stdout.split("\n\n== b\n")
     assert a.startswith("== a\n") and runs["a"] in a and runs["b"] not in a
     assert runs["b"] in b and runs["a"] not in b
+    alone = json.loads(laptop.cli("solo", "status", "--json").stdout)  # a group of one: the same shape
+    assert [(h["host"], [r["id"] for r in h["result"]["runs"]]) for h in alone["hosts"]] == [("a", [runs["a"]])]
     listed = laptop.cli("a,b", "status", "--json")
     hosts = json.loads(listed.stdout)["hosts"]
     assert [(h["host"], h["ok"]) for h in hosts] == [("a", True), ("b", True)]
@@ -224,4 +226,4 @@ def test_a_group_must_be_a_list_of_distinct_hosts(tmp_path: Path) -> None:
 def test_hosts_lists_the_groups_after_the_hosts(laptop: Laptop) -> None:
     listed = {host["name"]: host for host in json.loads(laptop.cli("hosts", "--json").stdout)}
     assert (listed["lab"]["address"], listed["lab"]["source"]) == ("a,b", "group")
-    assert list(listed)[-1] == "lab" and "lab" in laptop.cli("hosts").stdout
+    assert list(listed)[-2:] == ["lab", "solo"] and "lab" in laptop.cli("hosts").stdout
