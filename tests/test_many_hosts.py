@@ -8,6 +8,7 @@ its sshd killed with every session it serves.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import queue
@@ -80,7 +81,8 @@ class Laptop:
                         doomed.add(int(entry.name))
                         grew = True
         for pid in doomed - {master}:
-            os.kill(pid, signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError):  # a session that ended between the scan and now
+                os.kill(pid, signal.SIGKILL)
         self.servers[host].process.kill()
         self.servers[host].process.wait()
 
