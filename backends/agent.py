@@ -47,6 +47,7 @@ from backends.protocol import (
     PreflightResult,
     ProtocolError,
     RelaunchPresetsResult,
+    RendezvousResult,
     Request,
     RowsChunk,
     RunInfo,
@@ -57,7 +58,7 @@ from backends.protocol import (
     UnsubscribeResult,
 )
 from backends.runs import control as runctl
-from backends.runs import preflight
+from backends.runs import job, preflight
 from backends.runs.store import DEFAULT_WORKDIR, EVENTS, METRICS, OUTPUT, RunDir, RunNotFound, RunStore, StoreError
 from backends.runs.visible_devices import visible_devices
 
@@ -308,6 +309,10 @@ class Agent:
         spec = runctl.checked_spec(args, self.cwd)
         checked = await asyncio.to_thread(runctl.gate, spec, args["force"])
         return await asyncio.to_thread(runctl.launch, self.store, spec, checked)
+
+    async def op_rendezvous(self) -> RendezvousResult:
+        """Where a job's other nodes meet this one (node 0): this host's address as the console reached it."""
+        return {"address": job.reachable_address(os.environ.get("SSH_CONNECTION")), "port": job.free_port()}
 
     def _path(self, value: str, cwd: str | None) -> Path:
         return Path(cwd or self.cwd) / Path(value).expanduser()

@@ -205,12 +205,33 @@ class BenchResult(TypedDict):
 BENCH_SHOWN = 5  # the latest bench results a run's status carries
 
 
-class _RunBench(TypedDict, total=False):
+class JobNode(TypedDict):
+    """A run's place in a multi-node job: the job's id (the same on every host), its node and the node count."""
+
+    id: str
+    node_rank: int
+    nnodes: int
+
+
+class StalledProcess(TypedDict):
+    """One process of a stalled run as the stall found it: its rank in a distributed group (RANK of its
+    environment; None outside one), its kernel state (`T`: stopped) and where it sits (its innermost Python
+    frame, else the kernel's wait channel)."""
+
+    pid: int
+    rank: int | None
+    state: str
+    where: str | None
+
+
+class _RunExtras(TypedDict, total=False):
     # The latest BENCH_SHOWN bench results stored with the run, oldest first; absent when it has none
     bench: list[BenchResult]
+    job: JobNode  # absent for a run of one node
+    stalled_processes: list[StalledProcess]  # absent unless the run is stalled
 
 
-class RunInfo(_RunBench):
+class RunInfo(_RunExtras):
     id: str
     name: str
     kind: str
@@ -375,6 +396,13 @@ class StacksResult(TypedDict):
     taken_at: float
 
 
+class RendezvousResult(TypedDict):
+    """Where the other nodes of a job can meet this host: its address as the console reached it, a free port."""
+
+    address: str
+    port: int
+
+
 class HelloResult(TypedDict):
     """Who answers: the protocol it speaks, its release, and where it runs."""
 
@@ -497,6 +525,11 @@ OPS: dict[str, _ArgSpec] = {
         "nproc": (_OPT_INT, False, None),
         "metrics_from": (_OPT_STR, False, None),
         "force": (_BOOL, False, False),
+        # A node of a multi-node job; with `module`, its torchrun meets the others at `rendezvous` (HOST:PORT)
+        "job": (_OPT_STR, False, None),
+        "node_rank": (_OPT_INT, False, None),
+        "nnodes": (_OPT_INT, False, None),
+        "rendezvous": (_OPT_STR, False, None),
     },
     "stacks": {"run": (_STR, True, None), "now": (_BOOL, False, False)},
     "kill": {
@@ -559,6 +592,7 @@ OPS: dict[str, _ArgSpec] = {
         "cwd": (_OPT_STR, False, None),
         "env": (_DICT, False, {}),
     },
+    "rendezvous": {},
     "convert": {
         "src": (_STR, True, None),
         "dst": (_STR, True, None),

@@ -156,6 +156,10 @@ def launch(p: Parser) -> None:
     )
     p.add_argument("--force", action="store_true", help="launch even when doctor finds errors in the draft")
     p.add_argument("--json", action="store_true", help="the launch's reply as JSON (run id, state, checks)")
+    job = p.add_argument_group("a node of a multi-node job (the command meets the other nodes its own way)")
+    job.add_argument("--job", metavar="NAME", help="the job's id, the same on every node's launch")
+    job.add_argument("--node-rank", type=int, metavar="R", help="this node's rank, 0 to NNODES-1")
+    job.add_argument("--nnodes", type=positive, metavar="N", help="how many nodes the job has")
 
 
 @command("watch", "print every run's changes of state as they happen, until Ctrl-C")
@@ -329,7 +333,17 @@ def run_options(p: Parser | argparse._ArgumentGroup) -> None:
     """What a stage's run gets besides the stage's own arguments."""
     p.add_argument("--name", help="a name to find the run by (default: the stage's)")
     p.add_argument("--gpus", type=gpu_list, default=[], help="GPUs for CUDA_VISIBLE_DEVICES, e.g. 0,1")
-    p.add_argument("--nproc", type=positive, help="processes under torchrun (one per GPU)")
+    p.add_argument("--nproc", "--nproc-per-node", type=positive, help="processes under torchrun (one per GPU)")
+    p.add_argument(
+        "--nodes",
+        type=positive,
+        help="a job over this many hosts (HOST as a,b or a group): one node per host, torchrun meeting at the first",
+    )
+    p.add_argument(
+        "--rdzv-host",
+        metavar="ADDR",
+        help="with --nodes: the first host's address as the others reach it (default: the one the console used)",
+    )
     p.add_argument("--env", type=env_pair, action="append", default=[], help="NAME=VALUE for the run (repeatable)")
     p.add_argument("--cwd", help="working directory of the run on the host (default: the current one)")
     p.add_argument("--python", metavar="PATH", help="the host's Python with torch to run it (default: the agent's)")

@@ -16,9 +16,9 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from backends.protocol import LaunchResult, MetricRow
+from backends.protocol import JobNode, LaunchResult, MetricRow
 from console import args as grammar
-from console import config, export, many_hosts, render
+from console import config, export, job_launch, many_hosts, render
 from console.args import Grammar, Parser, UsageError, split, stage_options
 from console.client import PAST_END, AgentClient, follow
 from console.errors import AgentError, TransportError
@@ -81,8 +81,21 @@ async def cmd_launch(client: AgentClient, ns: argparse.Namespace, argv: list[str
         stall_after=ns.stall_after,
         metrics_from=ns.metrics_from,
         force=ns.force,
+        node=launched_node(ns),
     )
     return report_launched(result, ns.json)
+
+
+def launched_node(ns: argparse.Namespace) -> JobNode | None:
+    """`launch --job NAME --node-rank R --nnodes N`: the node it names, or None without them."""
+    given = (ns.job, ns.node_rank, ns.nnodes)
+    if all(value is None for value in given):
+        return None
+    if any(value is None for value in given):
+        raise UsageError("a node of a job takes --job NAME, --node-rank R and --nnodes N together")
+    if not 0 <= ns.node_rank < ns.nnodes:
+        raise UsageError(f"--node-rank is 0 to {ns.nnodes - 1} for --nnodes {ns.nnodes}")
+    return {"id": ns.job, "node_rank": ns.node_rank, "nnodes": ns.nnodes}
 
 
 def report_launched(result: LaunchResult, as_json: bool) -> int:
@@ -459,18 +472,22 @@ def main(args: list[str] | None = None) -> int:
             return list_hosts(settings, "--json" in rest)
         ns = build_parser().parse_args(options)
         hosts = settings.expand(ns.host)
+        command = COMMANDS[ns.command] if ns.command is not None else None
+        if command is not None:
+            command.grammar.check_tail(tail)
+            if command.grammar.tail == "rest":
+                stage, tail = stage_options(ns.command, tail)
+                vars(ns).update(vars(stage), stage_args=tail)
+        nodes = getattr(ns, "nodes", None)  # a stage's: a job over the hosts
+        if nodes is not None and (nodes > 1 or hosts != [ns.host]):
+            return asyncio.run(job_launch.launch_job(ns, hosts, settings, command_transport, follow_metrics))
         if hosts != [ns.host]:  # a list or a group, even of one: the answer has the same shape for any size
             many_hosts.check(ns, tail)
             return asyncio.run(many_hosts.run(ns, hosts, settings, command_transport))
         ns.host = hosts[0]
         config.apply_settings(ns, settings)
-        if ns.command is None:
+        if command is None:
             return open_console(ns)
-        command = COMMANDS[ns.command]
-        command.grammar.check_tail(tail)
-        if command.grammar.tail == "rest":
-            stage, tail = stage_options(ns.command, tail)
-            vars(ns).update(vars(stage))
         return asyncio.run(run_command(command, ns, tail))
     except (UsageError, config.ConfigError) as exc:
         note(str(exc))

@@ -14,7 +14,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from console import config, render
+from backends.protocol import TERMINAL_STATES, KillResult
+from console import config, jobs, render
 from console.args import UsageError
 from console.client import AgentClient
 from console.errors import AgentError, TransportError
@@ -22,7 +23,7 @@ from console.output import EXIT_FAILED, EXIT_OK, dump, note, out
 from console.transport import Transport
 from console.watching import watch_runs
 
-COMMANDS = ("status", "watch", "free-gpus")
+COMMANDS = ("status", "watch", "free-gpus", "kill")
 TransportFor = Callable[[argparse.Namespace], Transport]  # a host's transport, given its options
 
 
@@ -30,8 +31,12 @@ def check(ns: argparse.Namespace, tail: list[str]) -> None:
     """UsageError unless the command is one that several hosts can answer."""
     if ns.command is None:
         raise UsageError("the terminal console opens one host; for several, give status, watch or free-gpus --dry-run")
+    if ns.command in ("train", "extract"):
+        raise UsageError(f"{ns.command} over several hosts is a job: give --nodes N, one node per host")
     if ns.command not in COMMANDS or tail:
-        raise UsageError(f"{ns.command} works on one host; status, watch and free-gpus --dry-run take several")
+        raise UsageError(
+            f"{ns.command} works on one host; status, watch, free-gpus --dry-run and kill JOB take several"
+        )
     if ns.command == "free-gpus" and not ns.dry_run:
         raise UsageError("free-gpus kills on one host at a time; with several hosts, --dry-run shows each plan")
     if ns.command == "status" and ns.run is not None:
@@ -69,6 +74,9 @@ async def run(ns: argparse.Namespace, hosts: list[str], settings: config.Config,
             await asyncio.gather(*(watch(link, ns) for link in every))
             return EXIT_OK
 
+        if ns.command == "kill":
+            return await kill_job(ns, every)
+
         async def ask(client: AgentClient) -> Any:
             if ns.command == "status":
                 return await client.status()
@@ -92,10 +100,12 @@ async def answer(link: Link, ask: Callable[[AgentClient], Awaitable[Any]]) -> An
 
 
 def report(ns: argparse.Namespace, every: list[Link], answers: list[Any]) -> None:
+    found = jobs.gather((link.name, result["runs"]) for link, result in zip(every, answers, strict=True) if result)
     if ns.json:
-        dump({"hosts": [host_json(link, result) for link, result in zip(every, answers, strict=True)]})
+        hosts = [host_json(link, result) for link, result in zip(every, answers, strict=True)]
+        dump({"hosts": hosts, "jobs": jobs.jobs_json(found)} if ns.command == "status" else {"hosts": hosts})
         return
-    sections = []
+    sections = [f"== jobs\n{jobs.jobs_text(found)}"] if found and ns.command == "status" else []
     for link, result in zip(every, answers, strict=True):
         if result is None:
             sections.append(f"== {link.name}: cannot be reached: {link.error}")
@@ -125,3 +135,26 @@ async def watch(link: Link, ns: argparse.Namespace) -> None:
         await link.client.reconnect_until_back(lambda _exc: None)
         link.say("reached")
     await watch_runs(link.client, ns, link.say, link.name)
+
+
+async def kill_job(ns: argparse.Namespace, every: list[Link]) -> int:
+    """`kill JOB` over the hosts: every live run of the job, on every host, each with its host's kill."""
+
+    async def kill_here(client: AgentClient) -> list[KillResult]:
+        runs = (await client.status(gpus=False))["runs"]
+        mine = [r for r in runs if "job" in r and r["job"]["id"] == ns.run and r["state"] not in TERMINAL_STATES]
+        return [await client.kill(r["id"], signal=ns.signal, grace=ns.grace) for r in mine]
+
+    answers = await asyncio.gather(*(answer(link, kill_here) for link in every))
+    if ns.json:
+        killed = [None if result is None else {"killed": result} for result in answers]
+        dump({"hosts": [host_json(link, result) for link, result in zip(every, killed, strict=True)]})
+    for link, result in zip(every, answers, strict=True) if not ns.json else ():
+        if result is None:
+            out(f"== {link.name}: cannot be reached: {link.error}")
+        elif result:
+            out(f"== {link.name}\n" + "\n".join(render.kill_text(killed) for killed in result))
+    if not any(answers) and not any(link.error for link in every):
+        note(f"no live run of job {ns.run} on {', '.join(link.name for link in every)}: `status` lists the jobs")
+        return EXIT_FAILED
+    return EXIT_FAILED if any(link.error for link in every) else EXIT_OK

@@ -18,6 +18,7 @@ from backends.protocol import (
     EventsResult,
     FreeGpusResult,
     HelloResult,
+    JobNode,
     KillResult,
     LaunchResult,
     LogChunk,
@@ -26,6 +27,7 @@ from backends.protocol import (
     RelaunchPresetsResult,
     RelaunchPreview,
     RelaunchResult,
+    RendezvousResult,
     RunInfo,
     RunsResult,
     StacksResult,
@@ -76,6 +78,8 @@ class AgentOps(abc.ABC):
         nproc: int | None = None,
         metrics_from: str | None = None,
         force: bool = False,
+        node: JobNode | None = None,
+        rendezvous: str | None = None,
     ) -> LaunchResult:
         result = await self.request(
             "launch",
@@ -92,8 +96,16 @@ class AgentOps(abc.ABC):
             nproc=nproc,
             metrics_from=metrics_from,
             force=force,
+            job=node and node["id"],
+            node_rank=node and node["node_rank"],
+            nnodes=node and node["nnodes"],
+            rendezvous=rendezvous,
         )
         return cast(LaunchResult, result)
+
+    async def rendezvous(self) -> RendezvousResult:
+        """Where a job's other nodes can meet this host: its address as reached, and a free port there."""
+        return cast(RendezvousResult, await self.request("rendezvous"))
 
     async def stacks(self, run: str, *, now: bool = False) -> StacksResult:
         return cast(StacksResult, await self.request("stacks", run=run, now=now))

@@ -17,10 +17,11 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 import pytest
 from hypothesis import given
@@ -29,6 +30,7 @@ from hypothesis import strategies as st
 from console import config
 from tests.conftest import REPO
 from tests.sshd import SSHD, Sshd, home_for, start_sshd
+from tests.train_fixtures import write_extraction, write_target
 
 SLEEPER = "import time\ntime.sleep(600)"
 
@@ -184,7 +186,7 @@ def test_watch_over_two_hosts_goes_on_while_one_is_down_and_picks_it_up_again(la
 
 def test_commands_of_one_host_refuse_several_in_one_line(laptop: Laptop) -> None:
     for words, said in (
-        (["lab", "kill", "r1"], "kill works on one host"),
+        (["lab", "logs", "r1"], "logs works on one host"),
         (["a,b", "free-gpus", "--yes"], "free-gpus kills on one host at a time"),
         (["a,b", "status", "r1"], "status RUN names a run of one host"),
         (["a,,b", "status"], "empty host name"),
@@ -229,3 +231,112 @@ def test_hosts_lists_the_groups_after_the_hosts(laptop: Laptop) -> None:
     listed = {host["name"]: host for host in json.loads(laptop.cli("hosts", "--json").stdout)}
     assert (listed["lab"]["address"], listed["lab"]["source"]) == ("a,b", "group")
     assert list(listed)[-2:] == ["lab", "solo"] and "lab" in laptop.cli("hosts").stdout
+
+
+def job_words(root: Path, *extra: str) -> list[str]:
+    """A training of the tiny target on CPU, one process per node; its own interpreter (the one with torch)."""
+    target = write_target(root / "target")
+    write_extraction(root / "data", target)
+    return [
+        "--python", sys.executable, "--env", "OMP_NUM_THREADS=1",
+        "--data", str(root / "data"), "--target", str(target), "--out", str(root / "draft"),
+        "--draft-vocab-size", "48", "--val-samples", "4", "--batch-size", "4", "--ttt", "2", *extra,
+    ]  # fmt: skip
+
+
+def metric_rows(laptop: Laptop, host: str, run: str) -> list[dict[str, Any]]:
+    done = laptop.cli(host, "metrics", run, "--json")
+    assert done.returncode == 0, done.stderr
+    return [json.loads(line) for line in done.stdout.splitlines()]
+
+
+def job_of(laptop: Laptop, job: str) -> dict[str, Any]:
+    listed = json.loads(laptop.cli("lab", "status", "--json").stdout)["jobs"]
+    return next(found for found in listed if found["id"] == job)
+
+
+def test_a_two_node_training_job_trains_on_both_hosts_checkpoints_and_shows_as_one_job(
+    laptop: Laptop, tmp_path: Path
+) -> None:
+    words = job_words(tmp_path, "--steps", "4", "--log-every", "1", "--eval-every", "4", "--save-every", "2")
+    done = laptop.cli("lab", "train", "--nodes", "2", "--follow", *words)
+    assert done.returncode == 0, done.stderr[-3000:]
+    job = done.stdout.splitlines()[0]
+    assert "a: node 0: run " in done.stderr and "b: node 1: run " in done.stderr
+    found = job_of(laptop, job)
+    rows = metric_rows(laptop, "a", found["nodes"][0]["run"])  # global rank 0 is node 0's: it writes the rows
+    assert [row["step"] for row in rows if "loss" in row] == [1, 2, 3, 4]
+    assert metric_rows(laptop, "b", found["nodes"][1]["run"]) == []
+    assert sorted(p.name for p in (tmp_path / "draft").iterdir()) == ["final", "step-2", "step-4"]
+    assert (tmp_path / "draft" / "final" / "model.safetensors").is_file()
+    assert (found["state"], found["nnodes"]) == ("exited", 2)
+    assert [(n["node_rank"], n["host"], n["state"]) for n in found["nodes"]] == [(0, "a", "exited"), (1, "b", "exited")]
+    text = laptop.cli("lab", "status").stdout
+    assert text.startswith(f"== jobs\njob {job}  exited  2/2 nodes\n  node 0  a  ")
+    b_run = found["nodes"][1]["run"]
+    argv = json.loads(laptop.cli("b", "status", b_run, "--json").stdout)["argv"]
+    assert "--node-rank=1" in argv and "--nnodes=2" in argv  # node ranks in host order: b is node 1
+
+
+def test_a_job_needs_a_host_per_node_and_every_host_up_before_anything_starts(laptop: Laptop, tmp_path: Path) -> None:
+    words = job_words(tmp_path, "--steps", "2")
+    one = laptop.cli("a", "train", "--nodes", "2", *words)
+    assert one.returncode == 2 and "give 2 hosts" in one.stderr and len(one.stderr.splitlines()) == 1
+    bare = laptop.cli("lab", "train", *words)
+    assert bare.returncode == 2 and "is a job: give --nodes N" in bare.stderr
+    laptop.take_down("b")
+    down = laptop.cli("lab", "train", "--nodes", "2", *words)
+    assert down.returncode == 1 and "nothing launched" in down.stderr
+    assert json.loads(laptop.cli("a", "status", "--json").stdout)["runs"] == []
+
+
+def worker_of(node_run: str, rank: int) -> int:
+    """The pid of the torchrun worker with global `rank` under the node's torchrun (its run's child)."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            environ = (entry / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if f"RANK={rank}".encode() in environ and f"EAGLE3_RUN_ID={node_run}".encode() in environ:
+            return int(entry.name)
+    raise AssertionError(f"no rank {rank} worker of run {node_run}")
+
+
+def test_a_job_with_a_frozen_rank_is_stalled_as_a_job_naming_it_and_one_kill_stops_every_node(
+    laptop: Laptop, tmp_path: Path
+) -> None:
+    words = job_words(tmp_path, "--steps", "1000000", "--log-every", "1", "--save-every", "0", "--eval-every", "0")
+    done = laptop.cli("lab", "train", "--nodes", "2", "--stall-after", "5", *words)
+    assert done.returncode == 0, done.stderr[-3000:]
+    job = done.stdout.splitlines()[0]
+    deadline = time.monotonic() + 120
+    while len(metric_rows(laptop, "a", job_of(laptop, job)["nodes"][0]["run"])) < 3:  # both nodes training
+        assert time.monotonic() < deadline, laptop.cli("lab", "status").stdout
+        time.sleep(0.5)
+    found = job_of(laptop, job)
+    assert found["state"] == "running", found
+    frozen = worker_of(found["nodes"][1]["run"], rank=1)
+    os.kill(frozen, signal.SIGSTOP)
+    stopped_at = time.monotonic()
+    try:
+        while (found := job_of(laptop, job))["state"] != "stalled":
+            assert time.monotonic() - stopped_at < 60, found
+            time.sleep(0.5)
+        took = time.monotonic() - stopped_at
+        print(f"frozen rank called stalled as a job after {took:.1f} s (window 5 s)")
+        assert found["detail"].startswith("node 1 (b): rank 1 stopped"), found["detail"]
+        assert "node 0 (a): rank 0 " in found["detail"]
+        text = laptop.cli("lab", "status").stdout
+        assert f"job {job}  stalled  2/2 nodes  node 1 (b): rank 1 stopped" in text
+        killed = laptop.cli("lab", "kill", job, "--grace", "2")
+        assert killed.returncode == 0, killed.stderr
+        assert "== a\nrun " in killed.stdout and "== b\nrun " in killed.stdout
+        assert [n["state"] for n in job_of(laptop, job)["nodes"]] == ["killed", "killed"]
+        assert job_of(laptop, job)["state"] == "killed"
+        again = laptop.cli("lab", "kill", job)
+        assert again.returncode == 1 and f"no live run of job {job}" in again.stderr
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(frozen, signal.SIGKILL)

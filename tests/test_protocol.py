@@ -244,6 +244,10 @@ def test_defaults_are_filled() -> None:
         "nproc": None,
         "metrics_from": None,
         "force": False,
+        "job": None,
+        "node_rank": None,
+        "nnodes": None,
+        "rendezvous": None,
     }
 
 

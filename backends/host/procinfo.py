@@ -205,13 +205,24 @@ def live_stats() -> list[ProcStat]:
     return [stat for stat in stats if stat is not None and stat.state != "Z"]
 
 
+def _environ(pid: int) -> list[bytes]:
+    """The environment pid started with, as NAME=value entries ([] when it cannot be read)."""
+    try:
+        return (PROC / str(pid) / "environ").read_bytes().split(b"\0")
+    except OSError:
+        return []
+
+
 def carries_marker(pid: int, marker: bytes) -> bool:
     """True when the environment pid started with holds `marker` (b"NAME=value") as a whole entry."""
-    try:
-        environ = (PROC / str(pid) / "environ").read_bytes()
-    except OSError:
-        return False
-    return marker in environ.split(b"\0")
+    return marker in _environ(pid)
+
+
+def environ_value(pid: int, name: str) -> str | None:
+    """The value of `name` in the environment pid started with, or None."""
+    prefix = name.encode() + b"="
+    found = next((entry[len(prefix) :] for entry in _environ(pid) if entry.startswith(prefix)), None)
+    return None if found is None else found.decode(errors="replace")
 
 
 def proc_owner(pid: int) -> int | None:

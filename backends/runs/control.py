@@ -24,7 +24,7 @@ from backends.argv_edit import ArgvEditError, edit_argv
 from backends.host import diskspace, procinfo
 from backends.masking import mask_argv, mask_env
 from backends.protocol import SIGNAL_NAMES, KilledProcess, KillResult, PreflightResult, StacksResult
-from backends.runs import preflight, stages, watch
+from backends.runs import job, preflight, stages, watch
 from backends.runs.store import STACKS, RunDir, RunSpec, RunStore, StoreError
 
 LAUNCH_CONFIRM_S = 5.0
@@ -297,16 +297,21 @@ def checked_spec(args: dict[str, Any], cwd_default: str | None) -> RunSpec:
     """A RunSpec from launch arguments; OpError("bad_args") when they make no sense."""
     env = dict(args["env"])
     argv = list(args["argv"])
+    try:
+        node = job.node_of(args)
+        if args["module"] is not None:
+            if node and node["nnodes"] > 1 and not args["rendezvous"]:
+                raise ValueError("a node of a job of our stages meets the others at a rendezvous: give HOST:PORT")
+            node_args = job.torchrun_args(node, args["rendezvous"]) if node and args["rendezvous"] else []
+            argv = stages.module_argv(args["python"] or sys.executable, args["module"], argv, args["nproc"], node_args)
+    except ValueError as exc:
+        raise OpError("bad_args", str(exc)) from None
     if args["module"] is not None:
-        try:
-            argv = stages.module_argv(args["python"] or sys.executable, args["module"], argv, args["nproc"])
-        except ValueError as exc:
-            raise OpError("bad_args", str(exc)) from None
         # The child runs in the user's folder, yet must import our package.
         inherited = env.get("PYTHONPATH", os.environ.get("PYTHONPATH"))
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PACKAGE_ROOT), inherited]))
-    elif args["nproc"] is not None or args["python"] is not None:
-        raise OpError("bad_args", "nproc and python go with one of our modules (extract, train)")
+    elif any(args[key] is not None for key in ("nproc", "python", "rendezvous")):
+        raise OpError("bad_args", "nproc, python and rendezvous go with one of our modules (extract, train)")
     spec = RunSpec(
         kind=args["kind"],
         argv=argv,
@@ -317,6 +322,7 @@ def checked_spec(args: dict[str, Any], cwd_default: str | None) -> RunSpec:
         health_url=args["health_url"],
         stall_after=args["stall_after"],
         metrics_from=args["metrics_from"],
+        job=node,
     )
     try:
         spec.validate()

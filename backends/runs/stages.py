@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 STAGE_MODULES = ("backends.extract", "backends.train")
@@ -20,12 +20,15 @@ _NO_TORCH = 3
 _FINDS_TORCH = f"import importlib.util, sys; sys.exit(0 if importlib.util.find_spec('torch') else {_NO_TORCH})"
 
 
-def module_argv(python: str, module: str, args: list[str], nproc: int | None) -> list[str]:
-    """argv that runs one of our modules with `python`, under torchrun when nproc > 1; ValueError for others."""
+def module_argv(
+    python: str, module: str, args: list[str], nproc: int | None, node_args: Sequence[str] = ()
+) -> list[str]:
+    """argv that runs one of our modules with `python`, under torchrun when nproc > 1 or for a node of a job
+    (`node_args`: torchrun's options for it); ValueError for a module not ours."""
     if module not in STAGE_MODULES:
         raise ValueError(f"module {module!r} is not one of ours: {', '.join(STAGE_MODULES)}")
-    if nproc is not None and nproc > 1:
-        return [python, "-m", LAUNCHER, f"--nproc-per-node={nproc}", "-m", module, *args]
+    if (nproc is not None and nproc > 1) or node_args:
+        return [python, "-m", LAUNCHER, *node_args, f"--nproc-per-node={nproc or 1}", "-m", module, *args]
     return [python, "-m", module, *args]
 
 

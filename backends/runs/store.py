@@ -48,12 +48,14 @@ from backends.protocol import (
     RUN_KINDS,
     BenchResult,
     Diagnosis,
+    JobNode,
     Metric,
     RunInfo,
     env_name_problem,
     parse_source,
     passable_problem,
 )
+from backends.runs.job import node_problem
 
 DEFAULT_WORKDIR = Path("~/.eagle3-console")
 SPEC = "spec.json"
@@ -127,6 +129,7 @@ class RunSpec:
     parent: str | None = None
     created_at: float = field(default_factory=time.time)
     metrics_from: str | None = None
+    job: JobNode | None = None  # this run's node of a multi-node job (backends.runs.job)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -165,6 +168,8 @@ class RunSpec:
             raise SpecError("created_at must be a time in seconds")
         if self.metrics_from is not None:
             self._validate_metrics_from()
+        if self.job is not None and (problem := node_problem(self.job)) is not None:
+            raise SpecError(problem)
 
     def _validate_passable(self) -> None:
         """What the supervisor hands to exec (argv, env, cwd) must be something exec can take."""
@@ -456,6 +461,11 @@ class RunDir:
         }
         if bench := self.bench():
             info["bench"] = bench
+        if spec.job is not None:
+            info["job"] = spec.job
+        stalled = watch.get("stalled_processes")
+        if info["state"] == "stalled" and isinstance(stalled, list):
+            info["stalled_processes"] = stalled
         return info
 
 

@@ -42,7 +42,8 @@ from backends.fileio import append_jsonl, atomic_write_bytes, atomic_write_json,
 from backends.host import diskspace, procinfo
 from backends.host.gpus import GpuSampler
 from backends.masking import mask_text, mask_values
-from backends.protocol import Diagnosis, Metric
+from backends.protocol import Diagnosis, Metric, StalledProcess
+from backends.runs import stalled
 from backends.runs.store import METRICS, OUTPUT, STACKS, WATCH, CorruptFile, RunDir, RunSpec, SpecError, signalled_by_us
 
 HTTPX_MISSING: str | None
@@ -167,6 +168,7 @@ class Watch:
     health: str | None = None
     stalled_since: float | None = None
     stall_kind: str | None = None  # idle | spinning
+    stalled_processes: list[StalledProcess] = field(default_factory=list)  # while stalled: who sits where
     stack_dumps: list[str] = field(default_factory=list)
     diagnoses: list[Diagnosis] = field(default_factory=list)
 
@@ -177,6 +179,7 @@ class Watch:
             "health": self.health,
             "stalled_since": self.stalled_since,
             "stall_kind": self.stall_kind,
+            "stalled_processes": self.stalled_processes,
             "stack_dumps": self.stack_dumps,
             "diagnoses": self.diagnoses,
         }
@@ -405,7 +408,9 @@ class RunWatcher:
         self, kind: str, silent: float, cpu: float, sample: Activity, members: dict[int, procinfo.ProcIdentity]
     ) -> None:
         # The stacks come first, so that whoever sees `stalled` finds them already there.
+        found = stalled.before_dump(sorted(members))
         dump = dump_stacks(self.run, sorted(members))
+        self.watch.stalled_processes = stalled.with_places(found, dump.read_text(errors="replace"))
         self.watch.stalled_since = time.time() - silent
         self.watch.stall_kind = kind
         self.watch.stack_dumps.append(dump.name)
@@ -426,6 +431,7 @@ class RunWatcher:
         self.run.append_event("resumed", by=why, stalled_s=round(time.time() - since, 1) if since else None)
         self.watch.stalled_since = None
         self.watch.stall_kind = None
+        self.watch.stalled_processes = []
         self.samples.clear()
         self._set_state("ready" if self.watch.health == "ok" else "running")
 

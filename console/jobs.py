@@ -1,0 +1,125 @@
+"""Multi-node jobs as the console sees them: the runs of several hosts that carry the same job id, gathered into
+one job whose state comes from its nodes (failed when any node failed, naming it; stalled only when every node
+is; ready when node 0 is), with the odd rank out named first.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from backends.protocol import TERMINAL_STATES, RunInfo, StalledProcess
+
+
+@dataclass(frozen=True)
+class Node:
+    host: str
+    run: RunInfo
+
+    @property
+    def rank(self) -> int:
+        return self.run["job"]["node_rank"]
+
+    @property
+    def label(self) -> str:
+        return f"node {self.rank} ({self.host})"
+
+
+@dataclass(frozen=True)
+class Job:
+    id: str
+    nnodes: int
+    nodes: list[Node]  # the newest run of each node seen, by node rank
+
+    @property
+    def missing(self) -> list[int]:
+        seen = {node.rank for node in self.nodes}
+        return [rank for rank in range(self.nnodes) if rank not in seen]
+
+    def state(self) -> tuple[str, str]:
+        """The job's state and what it rests on (which node failed, who is stalled where)."""
+        states = [node.run["state"] for node in self.nodes]
+        bad = [node for node in self.nodes if node.run["state"] in ("failed", "lost", "corrupt")]
+        missing = f"; {', '.join(f'node {r}' for r in self.missing)} not seen" if self.missing else ""
+        if bad:
+            return "failed", "; ".join(f"{node.label} {node.run['state']}{ending(node.run)}" for node in bad) + missing
+        if states and all(state in TERMINAL_STATES for state in states) and not self.missing:
+            return ("exited" if all(s == "exited" for s in states) else "killed"), ""
+        if states and all(state == "stalled" for state in states) and not self.missing:
+            return "stalled", stall_story(self.nodes)
+        first = next((node for node in self.nodes if node.rank == 0), None)
+        if first is not None and first.run["state"] == "ready":
+            return "ready", missing.lstrip("; ")
+        others = [f"{node.label} {node.run['state']}" for node in self.nodes if node.run["state"] != "running"]
+        state = "starting" if all(s == "starting" for s in states) else "running"
+        return state, "; ".join(others) + missing if others else missing.lstrip("; ")
+
+
+def ending(run: RunInfo) -> str:
+    if run.get("error"):
+        return f": {run['error']}"
+    if run.get("signal"):
+        return f" (signal {run['signal']})"
+    return f" (exit {run['exit_code']})" if run.get("exit_code") is not None else ""
+
+
+def stall_story(nodes: Sequence[Node]) -> str:
+    """Who sits where, the odd ones first: stopped processes, then the smaller groups of a place."""
+    groups: list[tuple[Node, str, list[StalledProcess]]] = []
+    for node in nodes:
+        found = node.run.get("stalled_processes") or []
+        ranked = [p for p in found if p["rank"] is not None] or found
+        places: dict[str, list[StalledProcess]] = {}
+        for process in ranked:
+            places.setdefault(process["where"] or "no stack", []).append(process)
+        groups += [(node, where, members) for where, members in places.items()]
+        if not found:
+            groups.append((node, node.run.get("stall_kind") or "silent", []))
+    groups.sort(key=lambda g: (not any(p["state"] == "T" for p in g[2]), len(g[2]), g[0].rank))
+    return "; ".join(f"{node.label}: {who(members)}{where}" for node, where, members in groups)
+
+
+def who(members: list[StalledProcess]) -> str:
+    if not members:
+        return ""
+    ranks = sorted(p["rank"] for p in members if p["rank"] is not None)
+    if ranks:
+        return f"{'rank' if len(ranks) == 1 else 'ranks'} {', '.join(map(str, ranks))} "
+    return f"pid {', '.join(str(p['pid']) for p in members)} "
+
+
+def gather(answers: Iterable[tuple[str, Sequence[RunInfo]]]) -> list[Job]:
+    """The jobs among each host's runs; of a node relaunched, its newest run."""
+    newest: dict[str, dict[int, Node]] = {}
+    counts: dict[str, int] = {}
+    for host, runs in answers:
+        for run in runs:
+            node = run.get("job")
+            if node is None:
+                continue
+            counts[node["id"]] = max(counts.get(node["id"], 0), node["nnodes"])
+            held = newest.setdefault(node["id"], {}).get(node["node_rank"])
+            if held is None or held.run["id"] < run["id"]:
+                newest[node["id"]][node["node_rank"]] = Node(host, run)
+    return [Job(job_id, counts[job_id], [nodes[r] for r in sorted(nodes)]) for job_id, nodes in newest.items()]
+
+
+def jobs_text(jobs: Sequence[Job]) -> str:
+    """A line per job, then one per node: its host, run and state."""
+    lines = []
+    for job in jobs:
+        state, detail = job.state()
+        lines.append(f"job {job.id}  {state}  {len(job.nodes)}/{job.nnodes} nodes" + (f"  {detail}" if detail else ""))
+        for node in job.nodes:
+            lines.append(f"  node {node.rank}  {node.host}  {node.run['id']}  {node.run['state']}")
+    return "\n".join(lines)
+
+
+def jobs_json(jobs: Sequence[Job]) -> list[dict[str, Any]]:
+    found = []
+    for job in jobs:
+        state, detail = job.state()
+        nodes = [{"node_rank": n.rank, "host": n.host, "run": n.run["id"], "state": n.run["state"]} for n in job.nodes]
+        found.append({"id": job.id, "nnodes": job.nnodes, "state": state, "detail": detail, "nodes": nodes})
+    return found
