@@ -34,6 +34,7 @@ def test_a_node_is_a_job_id_and_a_rank_below_the_node_count(job_id: str, rank: i
 
 
 def test_a_node_record_takes_no_other_shape() -> None:
+    bad: object
     for bad in (None, [], {"id": "j", "node_rank": 0}, {"id": "j", "node_rank": True, "nnodes": 2}):
         assert job.node_problem(bad) is not None
 
@@ -196,4 +197,6 @@ def test_of_a_node_relaunched_the_job_shows_the_newest_run() -> None:
 
 
 def test_runs_of_one_node_are_no_job() -> None:
-    assert jobs.gather([("a", [{"id": "x", "state": "running"}])]) == []  # type: ignore[list-item]
+    alone = run(0, "running")
+    del alone["job"]
+    assert jobs.gather([("a", [alone])]) == []
