@@ -213,6 +213,15 @@ class JobNode(TypedDict):
     nnodes: int
 
 
+@dataclass(frozen=True)
+class ServeNode:
+    """One node of a serving engine's own multi-node: its rank, the node count, node 0's HOST:PORT to meet at."""
+
+    rank: int
+    nnodes: int
+    dist_init_addr: str
+
+
 class StalledProcess(TypedDict):
     """One process of a stalled run as the stall found it: its rank in a distributed group (RANK of its
     environment; None outside one), its kernel state (`T`: stopped) and where it sits (its innermost Python

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Protocol
 
 from backends.argv_edit import flag_value
-from backends.protocol import Diagnosis, Finding, RelaunchPresetsResult
+from backends.protocol import Diagnosis, Finding, RelaunchPresetsResult, ServeNode
 from backends.sglang.engine import SGLANG
 
 
@@ -77,10 +77,19 @@ class ServingEngine(Protocol):
         """The Python that runs the server, when argv launches this engine's server with one."""
 
     def serve_command(
-        self, python: str, target: str, draft: str, *, port: int, gpus: int, extra: list[str], metrics: bool = True
+        self,
+        python: str,
+        target: str,
+        draft: str,
+        *,
+        port: int,
+        gpus: int,
+        extra: list[str],
+        metrics: bool = True,
+        node: ServeNode | None = None,
     ) -> list[str]:
         """The server command for a target and its EAGLE-3 draft, its own metrics endpoint on unless `metrics` is
-        False; `extra` flags come last and win."""
+        False; one node of the engine's own multi-node with `node`; `extra` flags come last and win."""
 
     def health_url(self, argv: list[str]) -> str | None:
         """The URL that answers 200 once the server serves; None when argv starts no server of this engine."""

@@ -293,6 +293,7 @@ def serve(p: Parser) -> None:
     p.add_argument("--stall-after", type=stall_window, help="seconds of idle silence that make the launch stalled (30)")
     p.add_argument("--force", action="store_true", help="launch even when SGLang's parser or doctor refuses it")
     p.add_argument("--follow", action="store_true", help="print the startup phases until the server is ready")
+    job_options(p, "SGLang's --dist-init-addr")
     p.add_argument(
         "--no-metrics",
         action="store_true",
@@ -329,21 +330,26 @@ def stage_args(name: str) -> ModuleType:
     return importlib.import_module(STAGE_ARGS[name])
 
 
-def run_options(p: Parser | argparse._ArgumentGroup) -> None:
-    """What a stage's run gets besides the stage's own arguments."""
-    p.add_argument("--name", help="a name to find the run by (default: the stage's)")
-    p.add_argument("--gpus", type=gpu_list, default=[], help="GPUs for CUDA_VISIBLE_DEVICES, e.g. 0,1")
-    p.add_argument("--nproc", "--nproc-per-node", type=positive, help="processes under torchrun (one per GPU)")
+def job_options(p: Parser | argparse._ArgumentGroup, engine: str) -> None:
+    """A multi-node job's options: one node per host of HOST (a,b or a group), meeting at the first."""
     p.add_argument(
         "--nodes",
         type=positive,
-        help="a job over this many hosts (HOST as a,b or a group): one node per host, torchrun meeting at the first",
+        help=f"a job over this many hosts (HOST as a,b or a group): a node per host, {engine} meeting at the first",
     )
     p.add_argument(
         "--rdzv-host",
         metavar="ADDR",
         help="with --nodes: the first host's address as the others reach it (default: the one the console used)",
     )
+
+
+def run_options(p: Parser | argparse._ArgumentGroup) -> None:
+    """What a stage's run gets besides the stage's own arguments."""
+    p.add_argument("--name", help="a name to find the run by (default: the stage's)")
+    p.add_argument("--gpus", type=gpu_list, default=[], help="GPUs for CUDA_VISIBLE_DEVICES, e.g. 0,1")
+    p.add_argument("--nproc", "--nproc-per-node", type=positive, help="processes under torchrun (one per GPU)")
+    job_options(p, "torchrun")
     p.add_argument("--env", type=env_pair, action="append", default=[], help="NAME=VALUE for the run (repeatable)")
     p.add_argument("--cwd", help="working directory of the run on the host (default: the current one)")
     p.add_argument("--python", metavar="PATH", help="the host's Python with torch to run it (default: the agent's)")

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from backends.protocol import JobNode, LaunchResult, MetricRow
 from console import args as grammar
-from console import config, export, job_launch, many_hosts, render
+from console import config, export, job_launch, launching, many_hosts, render
 from console.args import Grammar, Parser, UsageError, split, stage_options
 from console.client import PAST_END, AgentClient, follow
 from console.errors import AgentError, TransportError
@@ -248,51 +248,22 @@ async def cmd_export(client: AgentClient, ns: argparse.Namespace, _: list[str]) 
 
 async def cmd_stage(client: AgentClient, ns: argparse.Namespace, stage_args: list[str]) -> int:
     """`extract`/`train`: `ns` holds the run options that `main` took out of the stage's words."""
-    result = await client.launch(
-        ns.command,
-        stage_args,
-        module=f"backends.{ns.command}",
-        python=ns.python,
-        nproc=ns.nproc,
-        name=ns.name or ns.command,
-        env=dict(ns.env),
-        cwd=ns.cwd or os.getcwd(),
-        gpus=ns.gpus,
-        stall_after=ns.stall_after,
-    )
-    code = report_launched(result, as_json=False)
+    code = report_launched(result := await launching.launch_stage(client, ns, stage_args), as_json=False)
     if code != EXIT_OK or not ns.follow:
         return code
     return await follow_metrics(client, result["run"])
 
 
-def serve_argv(ns: argparse.Namespace, flags: list[str]) -> list[str]:
-    """The serving engine's command for a target and its EAGLE-3 draft; FLAGS come last and win."""
-    from backends import serving  # the engine's facts: only a serve command pays for importing them
-
-    if ns.port is None:  # the health poll reads it too
-        ns.port = serving.DEFAULT.default_port
-    return serving.DEFAULT.serve_command(
-        ns.python, ns.target, ns.draft, port=ns.port, gpus=len(ns.gpus), extra=flags, metrics=not ns.no_metrics
-    )
-
-
 async def cmd_serve(client: AgentClient, ns: argparse.Namespace, flags: list[str]) -> int:
-    result = await client.launch(
-        "serve",
-        serve_argv(ns, flags),
-        name=ns.name or "serve",
-        env=dict(ns.env),
-        cwd=os.getcwd(),
-        gpus=ns.gpus,
-        health_url=f"http://127.0.0.1:{ns.port}/health",
-        stall_after=ns.stall_after,
-        force=ns.force,
-    )
-    code = report_launched(result, as_json=False)
+    code = report_launched(result := await launching.launch_serve(client, ns, flags), as_json=False)
     if code != EXIT_OK or not ns.follow:
         return code
     return await follow_startup(client, result["run"])
+
+
+async def follow_job(client: AgentClient, ns: argparse.Namespace, run: str) -> int:
+    """A job's node 0 followed as one run of its command would be."""
+    return await (follow_startup(client, run) if ns.command == "serve" else follow_metrics(client, run))
 
 
 async def follow_startup(client: AgentClient, run: str) -> int:
@@ -477,10 +448,10 @@ def main(args: list[str] | None = None) -> int:
             command.grammar.check_tail(tail)
             if command.grammar.tail == "rest":
                 stage, tail = stage_options(ns.command, tail)
-                vars(ns).update(vars(stage), stage_args=tail)
-        nodes = getattr(ns, "nodes", None)  # a stage's: a job over the hosts
+                vars(ns).update(vars(stage))
+        nodes = getattr(ns, "nodes", None)  # a stage's or serve's: a job over the hosts
         if nodes is not None and (nodes > 1 or hosts != [ns.host]):
-            return asyncio.run(job_launch.launch_job(ns, hosts, settings, command_transport, follow_metrics))
+            return asyncio.run(job_launch.launch_job(ns, tail, hosts, settings, command_transport, follow_job))
         if hosts != [ns.host]:  # a list or a group, even of one: the answer has the same shape for any size
             many_hosts.check(ns, tail)
             return asyncio.run(many_hosts.run(ns, hosts, settings, command_transport))

@@ -11,19 +11,18 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import secrets
 from collections.abc import Awaitable, Callable
 
 from backends.protocol import JobNode, LaunchResult
-from console import config
+from console import config, launching
 from console.args import UsageError
 from console.client import AgentClient
 from console.errors import AgentError, TransportError
 from console.many_hosts import Link, TransportFor, answer, links
 from console.output import EXIT_FAILED, EXIT_OK, note, out
 
-Follow = Callable[[AgentClient, str], Awaitable[int]]  # a run's progress rows until it ends; its exit code
+Follow = Callable[[AgentClient, argparse.Namespace, str], Awaitable[int]]  # node 0's run followed; the exit code
 
 
 def check(ns: argparse.Namespace, hosts: list[str]) -> None:
@@ -39,8 +38,14 @@ def job_id(ns: argparse.Namespace) -> str:
 
 
 async def launch_job(
-    ns: argparse.Namespace, hosts: list[str], settings: config.Config, transport: TransportFor, follow: Follow
+    ns: argparse.Namespace,
+    tail: list[str],
+    hosts: list[str],
+    settings: config.Config,
+    transport: TransportFor,
+    follow: Follow,
 ) -> int:
+    """The job of `ns.command` (a stage, or serve) over `hosts`, `tail` its stage words or extra server flags."""
     check(ns, hosts)
     every = links(ns, hosts, settings, transport)
     try:
@@ -55,13 +60,14 @@ async def launch_job(
         name = job_id(ns)
         results = await asyncio.gather(
             *(
-                launch_node(link, {"id": name, "node_rank": rank, "nnodes": len(every)}, endpoint)
+                launch_node(link, tail, {"id": name, "node_rank": rank, "nnodes": len(every)}, endpoint)
                 for rank, link in enumerate(every)
             ),
             return_exceptions=True,
         )
         out(name)
-        note(f"job {name}: {len(every)} nodes meeting at {endpoint} (torchrun); `kill {name}` stops them all")
+        engine = "SGLang's --dist-init-addr" if ns.command == "serve" else "torchrun"
+        note(f"job {name}: {len(every)} nodes meeting at {endpoint} ({engine}); `kill {name}` stops them all")
         started = []
         for rank, (link, result) in enumerate(zip(every, results, strict=True)):
             launched, said = outcome(result)
@@ -72,27 +78,15 @@ async def launch_job(
             await stop(started)
             note(f"job {name} did not start on every node; the nodes that had started were stopped")
             return EXIT_FAILED
-        return await follow(every[0].client, started[0][1]["run"]) if ns.follow else EXIT_OK
+        return await follow(every[0].client, ns, started[0][1]["run"]) if ns.follow else EXIT_OK
     finally:
         await asyncio.gather(*(link.client.close() for link in every), return_exceptions=True)
 
 
-async def launch_node(link: Link, node: JobNode, endpoint: str) -> LaunchResult:
-    own = link.ns
-    return await link.client.launch(
-        own.command,
-        own.stage_args,
-        module=f"backends.{own.command}",
-        python=own.python,
-        nproc=own.nproc,
-        name=own.name or own.command,
-        env=dict(own.env),
-        cwd=own.cwd or os.getcwd(),
-        gpus=own.gpus,
-        stall_after=own.stall_after,
-        node=node,
-        rendezvous=endpoint,
-    )
+async def launch_node(link: Link, tail: list[str], node: JobNode, endpoint: str) -> LaunchResult:
+    if link.ns.command == "serve":
+        return await launching.launch_serve(link.client, link.ns, tail, node, endpoint)
+    return await launching.launch_stage(link.client, link.ns, tail, node, endpoint)
 
 
 def outcome(result: LaunchResult | BaseException) -> tuple[LaunchResult | None, str]:

@@ -1,6 +1,7 @@
 """Multi-node jobs as the console sees them: the runs of several hosts that carry the same job id, gathered into
-one job whose state comes from its nodes (failed when any node failed, naming it; stalled only when every node
-is; ready when node 0 is), with the odd rank out named first.
+one job whose state comes from its nodes (failed when any node failed, naming it; stalled when every node is,
+or for a server when node 0 is, since it alone is watched; ready when node 0 is), with the odd rank out named
+first.
 """
 
 from __future__ import annotations
@@ -46,9 +47,11 @@ class Job:
             return "failed", "; ".join(f"{node.label} {node.run['state']}{ending(node.run)}" for node in bad) + missing
         if states and all(state in TERMINAL_STATES for state in states) and not self.missing:
             return ("exited" if all(s == "exited" for s in states) else "killed"), ""
+        first = next((node for node in self.nodes if node.rank == 0), None)
         if states and all(state == "stalled" for state in states) and not self.missing:
             return "stalled", stall_story(self.nodes)
-        first = next((node for node in self.nodes if node.rank == 0), None)
+        if first is not None and first.run["kind"] == "serve" and first.run["state"] == "stalled":
+            return "stalled", stall_story([node for node in self.nodes if node.run["state"] == "stalled"])
         if first is not None and first.run["state"] == "ready":
             return "ready", missing.lstrip("; ")
         others = [f"{node.label} {node.run['state']}" for node in self.nodes if node.run["state"] != "running"]

@@ -32,6 +32,7 @@ import http.server
 import itertools
 import json
 import multiprocessing
+import signal
 import socket
 import sys
 import threading
@@ -59,6 +60,37 @@ def hang_forever() -> None:
     """Asleep in a call that never returns: no output, no CPU (what py-spy finds in a hung launch)."""
     while True:
         time.sleep(3600)
+
+
+def meet(nnodes: int, rank: int, address: str | None) -> list[socket.socket]:
+    """The nodes meet at node 0's --dist-init-addr (RECONSTRUCTED: torch.distributed's TCP store, reduced to a
+    connection per follower): node 0 waits for every other node, a follower retries until node 0 listens."""
+    if nnodes == 1:
+        return []
+    assert address is not None, "--dist-init-addr is required with --nnodes > 1 (as SGLang says)"
+    host, port = address.rsplit(":", 1)
+    if rank == 0:
+        listener = socket.create_server((host, int(port)))
+        return [listener.accept()[0] for _ in range(nnodes - 1)]
+    while True:
+        try:
+            return [socket.create_connection((host, int(port)))]
+        except OSError:
+            time.sleep(0.2)
+
+
+def follow_node_0(rank: int, peers: list[socket.socket]) -> None:
+    """A follower node: no HTTP; SIGTERM is ignored (REAL warning, entrypoints/engine.py 0.5.23) until node 0 goes,
+    which ends the follower as node 0's shutdown broadcast does."""
+
+    said = f"SIGTERM received on node_rank {rank}; waiting for the rank-0 ShutdownReq broadcast to stop the schedulers."
+
+    def refuse(_signum: int, _frame: object) -> None:
+        say(said)
+
+    signal.signal(signal.SIGTERM, refuse)
+    peers[0].recv(1)  # node 0 gone: its end of the connection closes
+    sys.exit(0)
 
 
 def scheduler() -> None:
@@ -255,6 +287,9 @@ def main() -> int:
     parser.add_argument("--accept-len", type=float, default=3.0, help="the acceptance length completions report")
     parser.add_argument("--error-every", type=int, default=0, help="answer every N-th completion with HTTP 500")
     parser.add_argument("--cut-every", type=int, default=0, help="cut every N-th completion's stream mid-way")
+    parser.add_argument("--nnodes", type=int, default=1, help="SGLang's own multi-node: the node count")
+    parser.add_argument("--node-rank", type=int, default=0, help="this node's rank (1 and up: no HTTP)")
+    parser.add_argument("--dist-init-addr", help="node 0's HOST:PORT, where the nodes meet")
     args, _sglang_flags = parser.parse_known_args()  # a real server command line carries many more flags
     StandinAPI.accept_len, StandinAPI.error_every, StandinAPI.cut_every = (
         args.accept_len,
@@ -270,6 +305,7 @@ def main() -> int:
     say("Init parallel begin.")  # REAL
     if hang == "init":
         hang_forever()
+    peers = meet(args.nnodes, args.node_rank, args.dist_init_addr)
     time.sleep(2)  # distributed init takes seconds: the health URL is polled (refused) meanwhile
     say("Init parallel ends. elapsed=2.00 s")  # REAL
     say("Cannot detect CUDA architecture.")  # REAL, harmless
@@ -280,6 +316,8 @@ def main() -> int:
     say("KV Cache is allocated. dtype: torch.bfloat16, #tokens: 500000, K size: 30.52 GB, V size: 30.52 GB")  # REAL
     say("Memory pool end. avail mem=20.05 GB")  # REAL
     capture_cuda_graphs(args.fail_in == "cuda-graph", hang == "cuda-graph")
+    if args.node_rank > 0:
+        follow_node_0(args.node_rank, peers)
     say(  # REAL (available_cpu_mem on CPU)
         "max_total_num_tokens=500000, chunked_prefill_size=8192, max_prefill_tokens=16384, max_running_requests=48, "
         "context_len=131072, available_gpu_mem=20.05 GB"

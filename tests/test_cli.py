@@ -388,5 +388,6 @@ def test_status_and_kill_over_ssh_start_without_an_event_loop_the_serving_engine
         # No multiplexer serves gpu-host: the quick way declines, having loaded nothing heavy.
         assert modules_after(f"from console import quick\nassert quick.answer({words!r}) is None", tmp_path) == []
     # ... which serve does load, when it builds the server's command line.
-    serve = "from console import cli\ncli.serve_argv(cli.build_parser().parse_args(['h', 'serve', 'T', 'D']), [])"
+    parsed = "cli.build_parser().parse_args(['h', 'serve', 'T', 'D'])"
+    serve = f"from console import cli, launching\nlaunching.serve_argv({parsed}, [])"
     assert "backends.serving" in modules_after(serve, tmp_path)

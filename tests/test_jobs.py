@@ -152,6 +152,7 @@ def test_a_stopped_process_is_seen_as_stopped_with_its_rank() -> None:
 
 def run(rank: int, state: str, **more: Any) -> RunInfo:
     info: dict[str, Any] = {"id": f"r{rank}-{more.pop('n', 0)}", "state": state, "exit_code": None, "error": None}
+    info["kind"] = more.pop("kind", "train")
     info.update(signal=None, stall_kind=None, job={"id": "j", "node_rank": rank, "nnodes": 2}, **more)
     return info  # type: ignore[return-value]  # the fields the job's state reads
 

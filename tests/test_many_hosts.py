@@ -28,7 +28,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from console import config
-from tests.conftest import REPO
+from tests.conftest import REPO, free_port
 from tests.sshd import SSHD, Sshd, home_for, start_sshd
 from tests.train_fixtures import write_extraction, write_target
 
@@ -340,3 +340,31 @@ def test_a_job_with_a_frozen_rank_is_stalled_as_a_job_naming_it_and_one_kill_sto
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.kill(frozen, signal.SIGKILL)
+
+
+def test_a_two_node_serve_meets_at_node_0_is_ready_when_node_0_is_and_one_kill_ends_both(
+    laptop: Laptop, tmp_path: Path
+) -> None:
+    """SGLang's own multi-node over two hosts; the server is the stand-in (tests/sglang_standin.py: node 0 waits at
+    --dist-init-addr for the other node, which serves no HTTP and ignores SIGTERM, as 0.5.23's followers do)."""
+    from tests.draft_fixtures import good_draft
+    from tests.draft_fixtures import write_target as draft_target
+
+    target, draft = draft_target(tmp_path / "target"), good_draft(tmp_path / "draft")
+    env = f"PYTHONPATH={REPO / 'tests' / 'fake_sglang'}:{REPO}"
+    words = [str(target), str(draft), "--port", str(free_port()), "--python", sys.executable, "--env", env]
+    done = laptop.cli("lab", "serve", *words, "--nodes", "2", "--follow")
+    assert done.returncode == 0, done.stderr[-3000:]
+    job = done.stdout.splitlines()[0]
+    assert done.stdout.splitlines()[-1].endswith("state ready") and "SGLang's --dist-init-addr" in done.stderr
+    found = job_of(laptop, job)
+    assert (found["state"], [n["host"] for n in found["nodes"]]) == ("ready", ["a", "b"])
+    infos = [json.loads(laptop.cli(n["host"], "status", n["run"], "--json").stdout) for n in found["nodes"]]
+    for rank, info in enumerate(infos):
+        at = info["argv"].index("--nnodes")
+        assert info["argv"][at : at + 5] == ["--nnodes", "2", "--node-rank", str(rank), "--dist-init-addr"]
+    assert infos[0]["health"] == "ok" and infos[1]["health"] is None  # node 0 alone serves HTTP
+    killed = laptop.cli("lab", "kill", job, "--grace", "3")
+    assert killed.returncode == 0, killed.stderr
+    assert job_of(laptop, job)["state"] in ("killed", "exited")
+    assert all(n["state"] in ("killed", "exited") for n in job_of(laptop, job)["nodes"])

@@ -69,6 +69,28 @@ def test_sglangs_parser_refuses_ambiguous_unknown_and_malformed_flags_with_its_o
         assert words in finding["message"]
 
 
+@needs_parser
+def test_each_node_of_a_multi_node_serve_passes_sglangs_own_parser_and_node_0_alone_is_health_polled() -> None:
+    from backends import serving
+    from backends.protocol import ServeNode
+
+    env = {"PYTHONPATH": str(PARSER_PATH)}
+    for rank in (0, 1):
+        node = ServeNode(rank, 2, "10.0.0.1:5000")
+        argv = serving.DEFAULT.serve_command(sys.executable, "T", "D", port=30000, gpus=8, extra=[], node=node)
+        assert argv[argv.index("--nnodes") :][:6] == [
+            "--nnodes",
+            "2",
+            "--node-rank",
+            str(rank),
+            "--dist-init-addr",
+            node.dist_init_addr,
+        ]
+        assert argv[argv.index("--tp-size") + 1] == "16"  # tensor parallelism over both nodes' GPUs
+        assert serve_flags.check(argv, env) is None, argv
+        assert (serving.health_url(argv) is not None) == (rank == 0)
+
+
 def test_an_interpreter_without_sglang_or_no_interpreter_at_all_is_refused_with_what_to_do(tmp_path: Path) -> None:
     finding = serve_flags.check([*SERVER, "--anything"], {"PYTHONPATH": str(tmp_path)})
     assert finding is not None and finding["severity"] == "error" and finding["code"] == "launch-python"

@@ -78,6 +78,8 @@ def stall_window(spec: RunSpec) -> float | None:
     """Seconds of silent idleness that make the run stalled; None: not watched for stalls."""
     if spec.stall_after is not None:
         return spec.stall_after
+    if spec.kind == "serve" and spec.job is not None and spec.job["node_rank"] > 0 and health_url(spec) is None:
+        return None  # a follower node serves no HTTP and is silent by design while it serves: node 0 speaks for it
     return DEFAULT_STALL_AFTER_S if spec.kind in WATCHED_KINDS else None
 
 

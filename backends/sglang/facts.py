@@ -414,6 +414,12 @@ TP_SIZE_FLAGS: tuple[str, ...] = ("--tp-size", "--tp", "--tensor-parallel-size")
 EAGLE3_ALGORITHM: tuple[str, ...] = ("--speculative-algorithm", "EAGLE3")
 HOST_FLAG = "--host"
 DEFAULT_PORT = 30000
+# SGLang's own multi-node: every node gets the node count, its rank and node 0's HOST:PORT to meet at. Nodes of
+# rank 1 and up serve no HTTP (entrypoints/http_server.py returns after the schedulers start) and ignore SIGTERM,
+# waiting for node 0's shutdown broadcast (entrypoints/engine.py, 0.5.23).
+NNODES_FLAG = "--nnodes"
+NODE_RANK_FLAG = "--node-rank"
+DIST_INIT_ADDR_FLAG = "--dist-init-addr"
 # Modules that start SGLang's server (`python -m MODULE FLAGS...`).
 SERVER_MODULES = ("sglang.launch_server",)
 
