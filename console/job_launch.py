@@ -19,7 +19,7 @@ from console import config, launching
 from console.args import UsageError
 from console.client import AgentClient
 from console.errors import AgentError, TransportError
-from console.many_hosts import Link, TransportFor, answer, links
+from console.links import Link, TransportFor, answer, links
 from console.output import EXIT_FAILED, EXIT_OK, note, out
 
 Follow = Callable[[AgentClient, argparse.Namespace, str], Awaitable[int]]  # node 0's run followed; the exit code

@@ -1,5 +1,6 @@
-"""`status`, `watch` and `free-gpus --dry-run` over several hosts at once: HOST as `a,b`, or a [groups] name of
-config.toml (a group of one too: a script gets the same shape of answer whatever the group's size).
+"""`status`, `watch` and `free-gpus --dry-run` over several hosts at once, and `kill`/`relaunch` of a multi-node
+job (`console.job_actions`): HOST as `a,b`, or a [groups] name of config.toml (a group of one too: a script gets
+the same shape of answer whatever the group's size).
 
 Each host is reached on its own connection with its own settings, and every line or JSON object says which
 host it is about; a host that cannot be reached is said (and fails the exit code) without hiding the others,
@@ -10,21 +11,17 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from typing import Any
 
-from backends.protocol import TERMINAL_STATES, KillResult
-from console import config, jobs, render
+from console import config, job_actions, jobs, render
 from console.args import UsageError
 from console.client import AgentClient
-from console.errors import AgentError, TransportError
-from console.output import EXIT_FAILED, EXIT_OK, dump, note, out
-from console.transport import Transport
+from console.errors import TransportError
+from console.links import Link, TransportFor, answer, host_json, links
+from console.output import EXIT_FAILED, EXIT_OK, dump, out
 from console.watching import watch_runs
 
-COMMANDS = ("status", "watch", "free-gpus", "kill")
-TransportFor = Callable[[argparse.Namespace], Transport]  # a host's transport, given its options
+COMMANDS = ("status", "watch", "free-gpus", "kill", "relaunch")
 
 
 def check(ns: argparse.Namespace, tail: list[str]) -> None:
@@ -35,35 +32,12 @@ def check(ns: argparse.Namespace, tail: list[str]) -> None:
         raise UsageError(f"{ns.command} over several hosts is a job: give --nodes N, one node per host")
     if ns.command not in COMMANDS or tail:
         raise UsageError(
-            f"{ns.command} works on one host; status, watch, free-gpus --dry-run and kill JOB take several"
+            f"{ns.command} works on one host; status, watch, free-gpus --dry-run and kill or relaunch JOB take several"
         )
     if ns.command == "free-gpus" and not ns.dry_run:
         raise UsageError("free-gpus kills on one host at a time; with several hosts, --dry-run shows each plan")
     if ns.command == "status" and ns.run is not None:
         raise UsageError("status RUN names a run of one host; give that host alone")
-
-
-@dataclass
-class Link:
-    """One host of the command: its name as given, its options (config.toml's applied), its client once up."""
-
-    name: str
-    ns: argparse.Namespace
-    client: AgentClient
-    error: str | None = None
-
-    def say(self, text: str) -> None:
-        note(f"{self.name}: {text}")
-
-
-def links(ns: argparse.Namespace, hosts: list[str], settings: config.Config, transport: TransportFor) -> list[Link]:
-    made = []
-    for name in hosts:
-        own = argparse.Namespace(**vars(ns))
-        own.host = name
-        config.apply_settings(own, settings)
-        made.append(Link(name, own, AgentClient(transport(own))))
-    return made
 
 
 async def run(ns: argparse.Namespace, hosts: list[str], settings: config.Config, transport: TransportFor) -> int:
@@ -75,7 +49,9 @@ async def run(ns: argparse.Namespace, hosts: list[str], settings: config.Config,
             return EXIT_OK
 
         if ns.command == "kill":
-            return await kill_job(ns, every)
+            return await job_actions.kill_job(ns, every)
+        if ns.command == "relaunch":
+            return await job_actions.relaunch_job(ns, every)
 
         async def ask(client: AgentClient) -> Any:
             if ns.command == "status":
@@ -87,16 +63,6 @@ async def run(ns: argparse.Namespace, hosts: list[str], settings: config.Config,
         return EXIT_FAILED if any(link.error for link in every) else EXIT_OK
     finally:
         await asyncio.gather(*(link.client.close() for link in every), return_exceptions=True)
-
-
-async def answer(link: Link, ask: Callable[[AgentClient], Awaitable[Any]]) -> Any:
-    """The host's answer; None, with `link.error` said, when it could not give one."""
-    try:
-        await link.client.start()
-        return await ask(link.client)
-    except (TransportError, AgentError) as exc:
-        link.error = str(exc)
-        return None
 
 
 def report(ns: argparse.Namespace, every: list[Link], answers: list[Any]) -> None:
@@ -116,15 +82,6 @@ def report(ns: argparse.Namespace, every: list[Link], answers: list[Any]) -> Non
     out("\n\n".join(sections))
 
 
-def host_json(link: Link, result: Any) -> dict[str, Any]:
-    """One host's part of the JSON: its answer, each run and GPU marked with the host; or why there is none."""
-    if result is None:
-        return {"host": link.name, "ok": False, "error": link.error}
-    for item in (*result.get("runs", ()), *result.get("gpus", ())):
-        item["host"] = link.name
-    return {"host": link.name, "ok": True, "result": result}
-
-
 async def watch(link: Link, ns: argparse.Namespace) -> None:
     """The host's changes of state, each line labelled with the host, until Ctrl-C; a host down (at the start
     too) is said and reconnected with backoff while the others go on."""
@@ -135,26 +92,3 @@ async def watch(link: Link, ns: argparse.Namespace) -> None:
         await link.client.reconnect_until_back(lambda _exc: None)
         link.say("reached")
     await watch_runs(link.client, ns, link.say, link.name)
-
-
-async def kill_job(ns: argparse.Namespace, every: list[Link]) -> int:
-    """`kill JOB` over the hosts: every live run of the job, on every host, each with its host's kill."""
-
-    async def kill_here(client: AgentClient) -> list[KillResult]:
-        runs = (await client.status(gpus=False))["runs"]
-        mine = [r for r in runs if "job" in r and r["job"]["id"] == ns.run and r["state"] not in TERMINAL_STATES]
-        return [await client.kill(r["id"], signal=ns.signal, grace=ns.grace) for r in mine]
-
-    answers = await asyncio.gather(*(answer(link, kill_here) for link in every))
-    if ns.json:
-        killed = [None if result is None else {"killed": result} for result in answers]
-        dump({"hosts": [host_json(link, result) for link, result in zip(every, killed, strict=True)]})
-    for link, result in zip(every, answers, strict=True) if not ns.json else ():
-        if result is None:
-            out(f"== {link.name}: cannot be reached: {link.error}")
-        elif result:
-            out(f"== {link.name}\n" + "\n".join(render.kill_text(killed) for killed in result))
-    if not any(answers) and not any(link.error for link in every):
-        note(f"no live run of job {ns.run} on {', '.join(link.name for link in every)}: `status` lists the jobs")
-        return EXIT_FAILED
-    return EXIT_FAILED if any(link.error for link in every) else EXIT_OK

@@ -368,3 +368,30 @@ def test_a_two_node_serve_meets_at_node_0_is_ready_when_node_0_is_and_one_kill_e
     assert killed.returncode == 0, killed.stderr
     assert job_of(laptop, job)["state"] in ("killed", "exited")
     assert all(n["state"] in ("killed", "exited") for n in job_of(laptop, job)["nodes"])
+
+
+def test_relaunch_of_a_job_stops_every_node_then_starts_each_with_the_same_edit(laptop: Laptop, tmp_path: Path) -> None:
+    words = job_words(tmp_path, "--steps", "1000000", "--log-every", "1", "--save-every", "0", "--eval-every", "0")
+    done = laptop.cli("lab", "train", "--nodes", "2", *words)
+    assert done.returncode == 0, done.stderr[-3000:]
+    job = done.stdout.splitlines()[0]
+    old = [node["run"] for node in job_of(laptop, job)["nodes"]]
+    preview = laptop.cli("lab", "relaunch", job, "--set", "--lr=0.01", "--dry-run")
+    assert preview.returncode == 0, preview.stderr
+    assert preview.stdout.count("--lr 0.01") == 2 and "== a: node 0\n" in preview.stdout
+    assert [n["run"] for n in job_of(laptop, job)["nodes"]] == old  # a preview stops and starts nothing
+    again = laptop.cli("lab", "relaunch", job, "--set", "--lr=0.01", "--grace", "2")
+    assert again.returncode == 0, again.stderr
+    assert "a: node 0: run " in again.stderr and f"(from {old[1]})" in again.stderr
+    found = job_of(laptop, job)
+    new = [node["run"] for node in found["nodes"]]
+    assert set(new).isdisjoint(old) and found["state"] in ("starting", "running")
+    deadline = time.monotonic() + 120
+    while len(metric_rows(laptop, "a", new[0])) < 2:  # the new nodes met and train
+        assert time.monotonic() < deadline, laptop.cli("lab", "status").stdout
+        time.sleep(0.5)
+    for host, run, parent in zip("ab", new, old, strict=True):
+        argv = json.loads(laptop.cli(host, "status", run, "--json").stdout)["argv"]
+        assert argv[argv.index("--lr") + 1] == "0.01"
+        assert json.loads(laptop.cli(host, "status", parent, "--json").stdout)["state"] == "killed"
+    assert laptop.cli("lab", "kill", job, "--grace", "2").returncode == 0
