@@ -11,6 +11,7 @@ import contextlib
 import os
 import shlex
 import sys
+import threading
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -100,30 +101,43 @@ async def offered_key(spec: str, host: str, port: int | None) -> OfferedKey | No
     )
 
 
+# One question at a time, and one change of known_hosts at a time: a command over several hosts meets their
+# new keys at once, and two prompts on one terminal (or two rewrites of one file) would garble each other.
+_ASKING = threading.Lock()
+_RECORDING = threading.Lock()
+
+
 def record(offered: OfferedKey) -> None:
     """Add the key to known_hosts, atomically: the file is whole or untouched, whatever happens."""
     path = offered.known_hosts.resolve()  # a known_hosts linked from elsewhere stays a link
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    before = path.read_text() if path.is_file() else ""
-    mode = path.stat().st_mode & 0o777 if path.is_file() else 0o600
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
-    with os.fdopen(fd, "w") as out:
-        out.write(before if not before or before.endswith("\n") else before + "\n")
-        out.write(offered.line)
-    tmp.replace(path)
+    with _RECORDING:
+        before = path.read_text() if path.is_file() else ""
+        mode = path.stat().st_mode & 0o777 if path.is_file() else 0o600
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+        with os.fdopen(fd, "w") as out:
+            out.write(before if not before or before.endswith("\n") else before + "\n")
+            out.write(offered.line)
+        tmp.replace(path)
+
+
+def _ask(offered: OfferedKey) -> bool:
+    with _ASKING:
+        sys.stderr.write(
+            f"The authenticity of host {offered.spec} ({offered.name}) can't be established.\n"
+            f"{offered.algorithm} key fingerprint is {offered.fingerprint}.\n"
+            f"Trust it and add it to {offered.known_hosts} (yes/no/[fingerprint])? "
+        )
+        sys.stderr.flush()
+        answer = sys.stdin.readline()
+    return answer.strip().lower() in ("yes", "y") or answer.strip() == offered.fingerprint
 
 
 async def ask_on_terminal(offered: OfferedKey) -> bool:
-    """ssh's question, on stderr; yes (or the fingerprint itself) trusts the key."""
-    sys.stderr.write(
-        f"The authenticity of host {offered.spec} ({offered.name}) can't be established.\n"
-        f"{offered.algorithm} key fingerprint is {offered.fingerprint}.\n"
-        f"Trust it and add it to {offered.known_hosts} (yes/no/[fingerprint])? "
-    )
-    sys.stderr.flush()
-    answer = await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
-    return answer.strip().lower() in ("yes", "y") or answer.strip() == offered.fingerprint
+    """ssh's question, on stderr; yes (or the fingerprint itself) trusts the key. Asked in a thread, so that the
+    other hosts' connections go on meanwhile."""
+    return await asyncio.get_running_loop().run_in_executor(None, _ask, offered)
 
 
 async def accept_and_say(offered: OfferedKey) -> bool:
