@@ -237,6 +237,7 @@ class _RunExtras(TypedDict, total=False):
     # The latest BENCH_SHOWN bench results stored with the run, oldest first; absent when it has none
     bench: list[BenchResult]
     job: JobNode  # absent for a run of one node
+    host: str  # set by a client over several hosts (the run's id is then HOST/RUN); never on the wire
     stalled_processes: list[StalledProcess]  # absent unless the run is stalled
 
 
@@ -284,6 +285,7 @@ class _GpuInferred(TypedDict, total=False):
     # Live runs no listed process was matched to (in a container NVML lists the host's pids), placed on this GPU by
     # their CUDA_VISIBLE_DEVICES: for the eye only, never a reason to signal anything. Absent when there is none.
     inferred: list[InferredHolder]
+    host: str  # set by a client over several hosts; never on the wire
 
 
 class GpuInfo(_GpuInferred):

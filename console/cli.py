@@ -22,6 +22,7 @@ from console import config, export, job_launch, launching, many_hosts, render
 from console.args import Grammar, Parser, UsageError, split, stage_options
 from console.client import PAST_END, AgentClient, follow
 from console.errors import AgentError, TransportError
+from console.links import links
 from console.one_shot import cmd_kill, cmd_stacks, cmd_status
 from console.output import EXIT_FAILED, EXIT_OK, EXIT_USAGE, doctor_text, dump, failed, note, out
 from console.transport import LocalTransport, Transport
@@ -396,19 +397,29 @@ async def run_command(command: Command, ns: argparse.Namespace, tail: list[str])
         await client.close()
 
 
-def open_console(ns: argparse.Namespace) -> int:
-    """The terminal console (Textual) on HOST."""
+def open_console(ns: argparse.Namespace, hosts: list[str], settings: config.Config) -> int:
+    """The terminal console (Textual) on HOST, or on several hosts at once (a HOST column, each link its own)."""
     if not sys.stdout.isatty():
         raise UsageError("the console needs a terminal; give a COMMAND (e.g. 'status') for scripts")
+    from console.hosts_client import HostsClient
     from console.tui.app import ConsoleApp
 
     # A new host key is for the console to decide: it asks in a dialog (the app exists by then).
-    transport = make_transport(
-        ns,
-        lambda offered: app.trust_new_key(offered),
-        lambda text: app.notify(text, severity="warning", timeout=30, markup=False),
-    )
-    app = ConsoleApp(transport, readonly=bool(ns.readonly), accept_new_host_key=ns.accept_new_host_key)
+    def transport_of(own: argparse.Namespace) -> Transport:
+        return make_transport(
+            own,
+            lambda offered: app.trust_new_key(offered),
+            lambda text: app.notify(text, severity="warning", timeout=30, markup=False),
+        )
+
+    if hosts == [ns.host]:
+        config.apply_settings(ns, settings)
+        app = ConsoleApp(transport_of(ns), readonly=bool(ns.readonly), accept_new_host_key=ns.accept_new_host_key)
+    else:
+        every = links(ns, hosts, settings, transport_of)
+        readonly = any(link.ns.readonly for link in every)  # one read-only host makes the whole console so
+        client = HostsClient({link.name: link.client for link in every})
+        app = ConsoleApp(client, readonly=readonly, accept_new_host_key=ns.accept_new_host_key)
     app.run()
     return EXIT_FAILED if app.return_code else EXIT_OK
 
@@ -452,13 +463,13 @@ def main(args: list[str] | None = None) -> int:
         nodes = getattr(ns, "nodes", None)  # a stage's or serve's: a job over the hosts
         if nodes is not None and (nodes > 1 or hosts != [ns.host]):
             return asyncio.run(job_launch.launch_job(ns, tail, hosts, settings, command_transport, follow_job))
+        if command is None:
+            return open_console(ns, hosts, settings)
         if hosts != [ns.host]:  # a list or a group, even of one: the answer has the same shape for any size
             many_hosts.check(ns, tail)
             return asyncio.run(many_hosts.run(ns, hosts, settings, command_transport))
         ns.host = hosts[0]
         config.apply_settings(ns, settings)
-        if command is None:
-            return open_console(ns)
         return asyncio.run(run_command(command, ns, tail))
     except (UsageError, config.ConfigError) as exc:
         note(str(exc))

@@ -73,6 +73,7 @@ class AgentClient(AgentOps):
         self._received = False  # a stream message, or a reply with data, since the last connect
         self._last_loss: str | None = None
         self._same_losses = 0
+        self.generation = 0  # links made so far: a follower subscribes again on the next one
 
     async def __aenter__(self) -> AgentClient:
         await self.start()
@@ -91,6 +92,7 @@ class AgentClient(AgentOps):
                 "update eagle3-console on both sides",
                 transient=False,
             )
+        self.generation += 1
         return hello
 
     async def close(self) -> None:

@@ -26,8 +26,6 @@ COMMANDS = ("status", "watch", "free-gpus", "kill", "relaunch")
 
 def check(ns: argparse.Namespace, tail: list[str]) -> None:
     """UsageError unless the command is one that several hosts can answer."""
-    if ns.command is None:
-        raise UsageError("the terminal console opens one host; for several, give status, watch or free-gpus --dry-run")
     if ns.command in ("train", "extract"):
         raise UsageError(f"{ns.command} over several hosts is a job: give --nodes N, one node per host")
     if ns.command not in COMMANDS or tail:
@@ -66,12 +64,14 @@ async def run(ns: argparse.Namespace, hosts: list[str], settings: config.Config,
 
 
 def report(ns: argparse.Namespace, every: list[Link], answers: list[Any]) -> None:
-    found = jobs.gather((link.name, result["runs"]) for link, result in zip(every, answers, strict=True) if result)
+    found = []
+    if ns.command == "status":
+        found = jobs.gather((link.name, result["runs"]) for link, result in zip(every, answers, strict=True) if result)
     if ns.json:
         hosts = [host_json(link, result) for link, result in zip(every, answers, strict=True)]
         dump({"hosts": hosts, "jobs": jobs.jobs_json(found)} if ns.command == "status" else {"hosts": hosts})
         return
-    sections = [f"== jobs\n{jobs.jobs_text(found)}"] if found and ns.command == "status" else []
+    sections = [f"== jobs\n{jobs.jobs_text(found)}"] if found else []
     for link, result in zip(every, answers, strict=True):
         if result is None:
             sections.append(f"== {link.name}: cannot be reached: {link.error}")

@@ -177,7 +177,7 @@ def stall_text(run: Mapping[str, Any]) -> str:
     how = STALL_KINDS.get(run.get("stall_kind") or "idle", STALL_KINDS["idle"])
     return (
         f"stalled{where} since {clock(run.get('stalled_since'))}: {how}; "
-        f"stacks: runs/{run['id']}/{dumps[-1] if dumps else '(none)'}"
+        f"stacks: runs/{run['id'].rpartition('/')[2]}/{dumps[-1] if dumps else '(none)'}"
     )
 
 
@@ -314,7 +314,7 @@ def corrupt_text(run: Mapping[str, Any]) -> str:
     corrupt = run["corrupt"]
     return (
         f"run {run['id']} is corrupt: {corrupt['file']}: {corrupt['reason']}; "
-        f"repair that file or move runs/{run['id']} away"
+        f"repair that file or move runs/{run['id'].rpartition('/')[2]} away"
     )
 
 

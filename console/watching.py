@@ -33,7 +33,7 @@ async def watch_runs(
             say(f"watching {len(runs)} runs ({live} live); Ctrl-C to stop")
         if host is not None:
             for run in runs:
-                run["host"] = host  # type: ignore[typeddict-unknown-key]  # the JSON line says whose it is
+                run["host"] = host  # the JSON line says whose it is
         for line in watch_lines(states, runs, ns.json):
             out(line if ns.json or host is None else f"{host} {line}")
         states = {run["id"]: run["state"] for run in runs}

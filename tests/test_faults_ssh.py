@@ -144,7 +144,7 @@ def test_two_consoles_repairing_at_once_both_start_and_leave_one_whole_copy(sshd
 def test_the_console_says_when_it_repaired_the_agent_copy(
     sshd: Sshd, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from console import cli, output
+    from console import cli, config, output
     from console.tui.app import ConsoleApp
 
     workdir = tmp_path / "work"
@@ -164,7 +164,8 @@ def test_the_console_says_when_it_repaired_the_agent_copy(
             await pilot.press("q")
 
     monkeypatch.setattr(ConsoleApp, "run", lambda app: asyncio.run(shown(app)))
-    assert cli.open_console(cli.build_parser().parse_args(["--workdir", str(workdir), ALIAS])) == output.EXIT_OK
+    ns = cli.build_parser().parse_args(["--workdir", str(workdir), ALIAS])
+    assert cli.open_console(ns, [ALIAS], config.Config(workdir / "config.toml")) == output.EXIT_OK
     [note] = notes
     assert note.severity == "warning" and "removed: backends/evil.py" in note.message
 

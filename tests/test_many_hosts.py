@@ -30,6 +30,7 @@ from hypothesis import strategies as st
 from console import config
 from tests.conftest import REPO, free_port
 from tests.sshd import SSHD, Sshd, home_for, start_sshd
+from tests.tmux import Tmux
 from tests.train_fixtures import write_extraction, write_target
 
 SLEEPER = "import time\ntime.sleep(600)"
@@ -395,3 +396,46 @@ def test_relaunch_of_a_job_stops_every_node_then_starts_each_with_the_same_edit(
         assert argv[argv.index("--lr") + 1] == "0.01"
         assert json.loads(laptop.cli(host, "status", parent, "--json").stdout)["state"] == "killed"
     assert laptop.cli("lab", "kill", job, "--grace", "2").returncode == 0
+
+
+def launch_node(laptop: Laptop, host: str, job: str, rank: int) -> str:
+    """A node of a job of the user's own command (a sleeper), on `host`."""
+    node = ["--job", job, "--node-rank", str(rank), "--nnodes", "2"]
+    done = laptop.cli(host, "launch", "command", "--name", f"node{rank}", *node, "--", "python3", "-c", SLEEPER)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip()
+
+
+@pytest.mark.parametrize("size", [(100, 30), (160, 48)])
+def test_the_console_over_two_hosts_shows_both_keeps_one_while_the_other_is_down_and_kills_a_job_with_one_key(
+    laptop: Laptop, size: tuple[int, int]
+) -> None:
+    """The real console in tmux over two real sshd hosts: a HOST column, one host's link down said in a banner
+    while the other's runs stay, the job's state in the detail, and `k` on a node killing the job on both hosts."""
+    nodes = {host: launch_node(laptop, host, "sweep-1", rank) for rank, host in enumerate("ab")}
+    with Tmux(laptop.argv("lab"), width=size[0], height=size[1], env=laptop.env(), cwd=REPO) as term:
+
+        def table(screen: str) -> list[list[str]]:  # the runs table's rows: left of the detail panel
+            return [line.split("│")[0].split() for line in screen.splitlines() if "│" in line]
+
+        def nodes_shown(screen: str) -> list[list[str]]:
+            return [row for row in table(screen) if {"node0", "node1"} & set(row)]
+
+        rows = term.wait_for(lambda s: nodes_shown(s) if len(nodes_shown(s)) == 2 else [], 60, "both hosts' runs")
+        assert [row[0] for row in rows] == ["a", "b"] and table(term.screen())[0][0] == "HOST"  # each under its host
+        job_said = ("job sweep-1: node 0 of 2 · running", "job sweep-1: node 1 of 2 · running")
+        term.wait_for(lambda s: any(said in s for said in job_said), 30, "the job's state in the detail")
+        laptop.take_down("b")
+        term.wait_for(lambda s: "b: cannot reach" in s and "reconnecting on its" in s, 60, "b's link said to be down")
+        assert [row[0] for row in nodes_shown(term.screen())] == ["a", "b"]  # a's runs stay, b's as last seen
+        laptop.bring_up("b")
+        term.wait_for(lambda s: "reconnecting on its" not in s, 90, "b back")
+        term.send("k")
+        term.wait_for(lambda s: "Send SIGTERM to job sweep-1: its 2 live node runs (a, b)?" in s, 30, "the job dialog")
+        term.send("y")
+        term.wait_for(lambda s: s.count("killed") >= 2, 60, "both nodes killed")
+    found = job_of(laptop, "sweep-1")
+    assert [(n["host"], n["run"], n["state"]) for n in found["nodes"]] == [
+        ("a", nodes["a"], "killed"),
+        ("b", nodes["b"], "killed"),
+    ]

@@ -92,7 +92,7 @@ def test_a_history_keeps_the_last_window_and_no_more_whatever_the_poll_rate() ->
     history = GpuHistory()
     for tick in range(20_000):
         history.add([gpu_info(0, tick % 100)], tick * 0.1)
-    kept = history.of(0)
+    kept = history.of(("", 0))
     assert len(kept) <= MAX_SAMPLES and kept[-1].at - kept[0].at <= WINDOW_S + 5
 
 
@@ -110,7 +110,7 @@ def test_the_selected_runs_gpus_and_processes_are_marked_and_bold() -> None:
     # run r1 holds GPU 0, asked for GPU 2 too; run r2 holds GPU 1
     gpus = [gpu_info(0, 90, procs=["r1"]), gpu_info(1, 10, procs=["r2"]), gpu_info(2, 0)]
     history = polled([(98.0, gpus)])
-    text = gpu_text(gpus, history, NOW, width=100, selection=Selection("r1", frozenset({2})))
+    text = gpu_text(gpus, history, NOW, width=100, selection=Selection("r1", frozenset({("", 2)})))
     lines = {line.plain.split()[1 if line.plain.startswith(MARK) else 0]: line for line in lines_of(text)}
     for marked in ("GPU0", "GPU2"):
         assert lines[marked].plain.startswith(MARK) and bold(lines[marked], marked)

@@ -229,7 +229,7 @@ def test_a_silent_run_whose_gpus_spin_without_moving_memory_is_stalled_until_the
     assert info["stall_kind"] == "spinning" and info["stack_dumps"]
     stalled = next(e for e in events(workdir, run_id) if e["type"] == "stalled")
     assert stalled["kind"] == "spinning" and stalled["gpu_util"] == {"0": 100, "1": 0}
-    assert stalled["cpu_percent"] > 50
+    assert stalled["cpu_percent"] > 4 * watch.IDLE_CPU_PERCENT  # a busy CPU, whatever else this machine runs
     assert "NCCL collective" in cli("status").stdout.decode()
     write_state(nvml_state, [gpu(util=100, mem_util=23, processes=[(pid, 4096)]), gpu(processes=[(rank1, 4096)])])
     assert wait_state(cli, run_id, {"running"}, timeout=20)["stall_kind"] is None

@@ -14,7 +14,7 @@ import asyncio
 import base64
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, ClassVar, cast
 
 from textual import on, work
 from textual.actions import SkipAction
@@ -24,9 +24,10 @@ from textual.containers import Horizontal, Vertical
 from textual.widgets import DataTable, Footer, Header, Static
 
 from backends.protocol import TERMINAL_STATES, Metric, MetricRow, RunInfo, StatusResult
-from console import render
+from console import jobs, render
 from console.client import AgentClient
 from console.errors import AgentError, TransportError
+from console.hosts_client import HostsClient, HostsStatus
 from console.transport import Transport
 from console.tui.chart import ChartPicker, ChartsPanel, RunMetrics, choices, default_charts, nonfinite_loss, spec_label
 from console.tui.commands import RunCommands
@@ -49,6 +50,18 @@ MAX_PARTIAL = 64 * 1024  # a line without an end is kept to this length
 KILL_GRACE_S = 10.0
 LOUD_TIMEOUT_S = 15.0  # errors and stalls stay up longer than news
 FEED_ROWS = 500  # metric rows added to a store between two looks at the screen: a long history loads, the UI lives
+
+
+def job_line(run: RunInfo, runs: list[RunInfo]) -> str | None:
+    """`job J: node 1 of 2 · stalled: node 1 (b): rank 1 stopped ...`, of a run that is a node of a job."""
+    node = run.get("job")
+    if node is None:
+        return None
+    found = next(job for job in jobs.gather((r.get("host", ""), [r]) for r in runs) if job.id == node["id"])
+    state, detail = found.state()
+    return f"job {node['id']}: node {node['node_rank']} of {node['nnodes']} · {state}" + (
+        f": {detail}" if detail else ""
+    )
 
 
 class ConsoleApp(App[None]):
@@ -76,9 +89,12 @@ class ConsoleApp(App[None]):
         Binding("q", "quit", "quit"),
     ]
 
-    def __init__(self, transport: Transport, readonly: bool = False, accept_new_host_key: bool = False) -> None:
+    def __init__(
+        self, transport: Transport | HostsClient, readonly: bool = False, accept_new_host_key: bool = False
+    ) -> None:
+        """`transport`: one host's; or the client of several hosts (runs named HOST/RUN, a HOST column)."""
         super().__init__()
-        self.client = AgentClient(transport)
+        self.client = transport if isinstance(transport, HostsClient) else AgentClient(transport)
         self.readonly = readonly
         self.accept_new_host_key = accept_new_host_key
         self.where = transport.description + ("  (read-only)" if readonly else "")
@@ -87,7 +103,6 @@ class ConsoleApp(App[None]):
         self.connected = asyncio.Event()
         self.followed: str | None = None
         self.lost: tuple[float, str] | None = None  # when the link was lost, and why
-        self.generation = 0  # connections made so far: a follower resubscribes on the next one
         self.status_failed = False  # the last status request was refused (its banner is up)
         self.states: dict[str, str] | None = None  # each run's state at the last poll (None: none yet)
         self.run_metrics: dict[str, RunMetrics] = {}  # each run's metric store, of the runs followed so far
@@ -174,7 +189,6 @@ class ConsoleApp(App[None]):
         except TransportError as exc:  # retrying cannot help (a refused host key or key): leave, as the CLI does
             self.exit(return_code=1, message=f"eagle3-console: {exc}")
             await asyncio.Event().wait()  # the app is closing; this worker goes with it
-        self.generation += 1
         self.connected.set()
         if self.lost is None:
             self.banner(None)
@@ -190,6 +204,9 @@ class ConsoleApp(App[None]):
         link.update(text or "")
 
     def show_status(self, status: StatusResult) -> None:
+        if links := cast(HostsStatus, status).get("links"):  # several hosts: each link said on its own
+            down = [f"{host}: {why}" for host, why in links.items() if why]
+            self.banner(f"{'; '.join(down)}; reconnecting on its own, the other hosts shown" if down else None)
         told = self.announce_fates(status["runs"])
         self.announce_changes(status["runs"], told)
         self.runs = {run["id"]: run for run in status["runs"]}
@@ -274,6 +291,7 @@ class ConsoleApp(App[None]):
         if self.quiet_since is not None:
             self.facts.silent_s = time.time() - self.quiet_since
         self.facts.parent = self.runs.get(run["parent"] or "")
+        self.facts.job = job_line(run, list(self.runs.values()))
         self.facts.progress = progress.text(time.time()) if (progress := self.progress.get(run["id"])) else None
         stall = (run["id"], run["stalled_since"])
         if run["state"] != "stalled":
@@ -328,7 +346,7 @@ class ConsoleApp(App[None]):
         offsets = {"log": chunk["next_offset"], "metrics": metrics.offset, "events": 0}
         while True:
             await self.connected.wait()
-            generation = self.generation
+            generation = self.client.generation
             try:
                 sub = await self.client.subscribe(run=run_id, offsets=offsets)
             except (AgentError, TransportError):
@@ -352,7 +370,7 @@ class ConsoleApp(App[None]):
                     log.add(f"— {ended} —")
                     return
             offsets = dict(sub.offsets)  # the link dropped: resume here once the poll has reconnected
-            while self.generation == generation:
+            while self.client.generation == generation:
                 await asyncio.sleep(0.2)
 
     def write_log(self, log: TailLog, partial: bytes, data_b64: str) -> bytes:
@@ -441,23 +459,33 @@ class ConsoleApp(App[None]):
         if run is None or run["state"] in TERMINAL_STATES:
             self.notify("select a live run to kill", severity="warning")
             return
-        question = f"Send SIGTERM to run {run['id']} ({render.printable(run['name'])}, pid {run['pid']})?"
-        details = f"SIGKILL follows after {KILL_GRACE_S:.0f} s for whatever is left of it."
+        job = run.get("job")
+        ranks = [r for r in self.runs.values() if job and r.get("job", {}).get("id") == job["id"]]
+        ranks = [r for r in ranks if r["state"] not in TERMINAL_STATES]
+        if job is not None and len(ranks) > 1:  # a node of a job: the job goes whole, every node on every host
+            where = ", ".join(dict.fromkeys(r.get("host", "this host") for r in ranks))
+            question = f"Send SIGTERM to job {render.printable(job['id'])}: its {len(ranks)} live node runs ({where})?"
+        else:
+            ranks = [run]
+            question = f"Send SIGTERM to run {run['id']} ({render.printable(run['name'])}, pid {run['pid']})?"
+        details = f"SIGKILL follows after {KILL_GRACE_S:.0f} s for whatever is left of them."
 
         def answered(yes: bool | None) -> None:
             if yes:
-                self.kill(run["id"])
+                self.kill([r["id"] for r in ranks])
 
         self.push_screen(ConfirmScreen(question, details), answered)
 
     @work(group="actions")
-    async def kill(self, run_id: str) -> None:
-        try:
-            result = await self.client.kill(run_id, signal="TERM", grace=KILL_GRACE_S)
-        except (AgentError, TransportError) as exc:
-            self.notify(str(exc), severity="error")
-            return
-        self.notify(render.kill_text(result), title="kill")
+    async def kill(self, run_ids: list[str]) -> None:
+        asked = (self.client.kill(run_id, signal="TERM", grace=KILL_GRACE_S) for run_id in run_ids)
+        for result in await asyncio.gather(*asked, return_exceptions=True):
+            if isinstance(result, (AgentError, TransportError)):
+                self.notify(str(result), severity="error")
+            elif isinstance(result, BaseException):
+                raise result
+            else:
+                self.notify(render.kill_text(result), title="kill")
 
     def action_relaunch(self) -> None:
         run = self.selected()

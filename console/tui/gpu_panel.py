@@ -49,22 +49,29 @@ def mem_percent(gpu: GpuInfo) -> float | None:
     return 100 * used / total if total and used is not None else None
 
 
+GpuKey = tuple[str, int]  # a GPU's host ("" for the one host of a console over one) and its index
+
+
+def gpu_key(gpu: GpuInfo) -> GpuKey:
+    return gpu.get("host", ""), gpu["index"]
+
+
 class GpuHistory:
-    """Each GPU's samples (by index) of the last WINDOW_S, oldest first."""
+    """Each GPU's samples (by host and index) of the last WINDOW_S, oldest first."""
 
     def __init__(self) -> None:
-        self.samples: dict[int, deque[Sample]] = {}
+        self.samples: dict[GpuKey, deque[Sample]] = {}
 
     def add(self, gpus: Sequence[GpuInfo], at: float) -> None:
         for gpu in gpus:
-            kept = self.samples.setdefault(gpu["index"], deque(maxlen=MAX_SAMPLES))
+            kept = self.samples.setdefault(gpu_key(gpu), deque(maxlen=MAX_SAMPLES))
             kept.append(Sample(at, gpu["util"], mem_percent(gpu)))
         for kept in self.samples.values():
             while kept and kept[0].at < at - WINDOW_S - SAMPLE_HOLD_S:
                 kept.popleft()
 
-    def of(self, index: int) -> Sequence[Sample]:
-        return self.samples.get(index, ())
+    def of(self, gpu: GpuKey) -> Sequence[Sample]:
+        return self.samples.get(gpu, ())
 
 
 def spark_values(
@@ -129,22 +136,25 @@ def span_label(window: float) -> str:
 
 @dataclass(frozen=True)
 class Selection:
-    """The selected run: its id (its processes carry it) and the GPUs it asked for."""
+    """The selected run: its id (its processes carry it) and the GPUs it asked for, on its host."""
 
     run_id: str
-    gpus: frozenset[int] = frozenset()
+    gpus: frozenset[GpuKey] = frozenset()
 
     @classmethod
     def of(cls, run: RunInfo | None) -> Selection | None:
-        return None if run is None else cls(run["id"], frozenset(run.get("gpus") or ()))
+        if run is None:
+            return None
+        return cls(run["id"], frozenset((run.get("host", ""), index) for index in run.get("gpus") or ()))
 
 
-def marked_gpus(gpus: Sequence[GpuInfo], selection: Selection | None) -> set[int]:
+def marked_gpus(gpus: Sequence[GpuInfo], selection: Selection | None) -> set[GpuKey]:
     """The selected run's GPUs: those it asked for and those where NVML lists one of its processes."""
     if selection is None:
         return set()
-    holding = {gpu["index"] for gpu in gpus if any(p.get("run_id") == selection.run_id for p in gpu["processes"])}
-    placed = {gpu["index"] for gpu in gpus if any(h["run_id"] == selection.run_id for h in gpu.get("inferred") or [])}
+    mine = selection.run_id
+    holding = {gpu_key(gpu) for gpu in gpus if any(p.get("run_id") == mine for p in gpu["processes"])}
+    placed = {gpu_key(gpu) for gpu in gpus if any(h["run_id"] == mine for h in gpu.get("inferred") or [])}
     return holding | placed | set(selection.gpus)
 
 
@@ -157,10 +167,10 @@ class Look:
     window: float
     styles: Mapping[str, str]
     selection: Selection | None
-    marked: set[int]
+    marked: set[GpuKey]
 
     def sparks(self, gpu: GpuInfo, cells: int) -> tuple[Text, Text]:
-        samples = self.history.of(gpu["index"])
+        samples = self.history.of(gpu_key(gpu))
         util = spark_values(samples, lambda s: s.util, self.now, cells, self.window)
         mem = spark_values(samples, lambda s: s.mem, self.now, cells, self.window)
         return sparkline(util, self.styles), sparkline(mem, self.styles)
@@ -169,7 +179,7 @@ class Look:
 def cells_of(gpu: GpuInfo, look: Look) -> dict[str, Text]:
     """One GPU's fixed-width pieces, by column."""
     total, used = gpu["mem_total_mib"], gpu["mem_used_mib"]
-    selected = gpu["index"] in look.marked
+    selected = gpu_key(gpu) in look.marked
     ident = look.styles["selected"] if selected else ""
     procs = len(gpu["processes"])
     return {
@@ -246,7 +256,7 @@ def numbers_lines(gpus: Sequence[GpuInfo], look: Look, width: int, folded: bool)
 def spark_line(gpu: GpuInfo, look: Look, width: int) -> Text:
     """`    util ▁▂▅█  mem ▁▁▂▂ 5m`: both sparklines share the width."""
     span = span_label(look.window)
-    style = look.styles["selected"] if gpu["index"] in look.marked else ""
+    style = look.styles["selected"] if gpu_key(gpu) in look.marked else ""
     cells = max(1, (width - len(INDENT) - len("util ") - len("  mem ") - 1 - len(span)) // 2)
     util, mem = look.sparks(gpu, cells)
     text = Text(INDENT) + Text("util ", style=style) + util + Text("  mem ", style=style) + mem
@@ -307,6 +317,17 @@ def compact(gpus: Sequence[GpuInfo], look: Look, width: int) -> list[Text]:
     return [header, *(joined(row, kept, widths) for row in rows)]
 
 
+def by_host(gpus: Sequence[GpuInfo], lines_of: Callable[[Sequence[GpuInfo]], list[Text]]) -> list[Text]:
+    """The GPUs' lines; of a console over several hosts, each host's under its name."""
+    hosts = list(dict.fromkeys(gpu.get("host", "") for gpu in gpus))
+    if hosts == [""]:
+        return lines_of(gpus)
+    lines: list[Text] = []
+    for host in hosts:
+        lines += [Text(printable(host), style="bold"), *lines_of([gpu for gpu in gpus if gpu.get("host", "") == host])]
+    return lines
+
+
 def gpu_text(
     gpus: Sequence[GpuInfo],
     history: GpuHistory,
@@ -320,11 +341,11 @@ def gpu_text(
     """The panel's drawing in `width` cells: the fullest of three layouts that fits in `rows` lines (each GPU
     on two lines with its processes under it; the same with the processes counted; one line per GPU)."""
     look = Look(history, now, window, styles or gpu_styles(None), selection, marked_gpus(gpus, selection))
-    lines = detailed(gpus, look, width, folded=False)
+    lines = by_host(gpus, lambda some: detailed(some, look, width, folded=False))
     if rows is not None and len(lines) > rows:
-        lines = detailed(gpus, look, width, folded=True)
+        lines = by_host(gpus, lambda some: detailed(some, look, width, folded=True))
     if rows is not None and len(lines) > rows:
-        lines = compact(gpus, look, width)
+        lines = by_host(gpus, lambda some: compact(some, look, width))
     for line in lines:
         line.truncate(width, overflow="crop")  # below ~30 cells even the barest layout is cut
     return Text("\n").join(lines)

@@ -56,7 +56,7 @@ RUN_COLUMNS = ("RUN", "NAME", "KIND", "STATE", "PHASE", "PID", "EXIT", "GPUS")
 DROPPED_FIRST = ("PID", "KIND", "GPUS", "EXIT")
 # How narrow a column may be squeezed before a low-value one is dropped (a cut cell ends in …; the run id keeps
 # its unique tail); past that, any column goes down to TIGHTEST.
-MIN_WIDTHS = {"RUN": 9, "NAME": 12, "STATE": 7, "PHASE": 16, "GPUS": 6, "EXIT": 4}
+MIN_WIDTHS = {"HOST": 6, "RUN": 9, "NAME": 12, "STATE": 7, "PHASE": 16, "GPUS": 6, "EXIT": 4}
 TIGHTEST = 3
 CELL_PADDING = 1  # DataTable's, on each side of a cell
 NEW_FAILURE = "● "  # marks a failure nobody has selected yet
@@ -76,8 +76,10 @@ def run_row(run: Mapping[str, Any], on_gpus: dict[str, str], phase: str | None =
     state = state_text(run["state"])
     if new:
         state = Text(NEW_FAILURE, style=STATE_STYLES["failed"]) + state
+    host = [shown(run["host"])] if "host" in run else []  # a console over several hosts: HOST/RUN
     return [
-        shown(run["id"]),
+        *host,
+        shown(run["id"].rpartition("/")[2]),
         shown(run["name"]),
         shown(run["kind"]),
         state,
@@ -88,16 +90,21 @@ def run_row(run: Mapping[str, Any], on_gpus: dict[str, str], phase: str | None =
     ]
 
 
-def fit_columns(width: int, rows: Sequence[Sequence[Text]]) -> dict[str, int]:
+def row_columns(runs: Sequence[Mapping[str, Any]]) -> tuple[str, ...]:
+    """The table's columns: a HOST column first when the runs come from several hosts."""
+    return ("HOST", *RUN_COLUMNS) if any("host" in run for run in runs) else RUN_COLUMNS
+
+
+def fit_columns(width: int, rows: Sequence[Sequence[Text]], columns: Sequence[str] = RUN_COLUMNS) -> dict[str, int]:
     """The columns shown in `width` cells and each one's width: low-value columns dropped first, then the widest
     squeezed, so that no column runs past the table."""
-    natural = {name: max([len(name), *(row[i].cell_len for row in rows)]) for i, name in enumerate(RUN_COLUMNS)}
-    shown = list(RUN_COLUMNS)
+    natural = {name: max([len(name), *(row[i].cell_len for row in rows)]) for i, name in enumerate(columns)}
+    shown = list(columns)
 
     def needed(names: Sequence[str], sizes: Mapping[str, int]) -> int:
         return sum(sizes[n] + 2 * CELL_PADDING for n in names)
 
-    least = {name: min(natural[name], MIN_WIDTHS.get(name, natural[name])) for name in RUN_COLUMNS}
+    least = {name: min(natural[name], MIN_WIDTHS.get(name, natural[name])) for name in columns}
     for name in DROPPED_FIRST:
         if needed(shown, least) <= width:
             break
@@ -153,7 +160,8 @@ class RunsTable(DataTable[Any]):
         selected = self.selected_run()
         on_gpus = run_gpus(self.gpus)
         rows = [run_row(run, on_gpus, self.progress.get(run["id"]), run["id"] in self.unseen) for run in self.runs]
-        widths = fit_columns(self.scrollable_content_region.width or self.size.width, rows)
+        columns = row_columns(self.runs)
+        widths = fit_columns(self.scrollable_content_region.width or self.size.width, rows, columns)
         if (rows, widths) == self.filled:  # the same table: filling it again would cost a whole repaint
             return
         self.filled = (rows, widths)
@@ -161,7 +169,7 @@ class RunsTable(DataTable[Any]):
         for name, width in widths.items():
             self.add_column(name, width=width, key=name)
         for run, row in zip(self.runs, rows, strict=True):
-            cells = dict(zip(RUN_COLUMNS, row, strict=True))
+            cells = dict(zip(columns, row, strict=True))
             self.add_row(*(cut(cells[n], w, keep_tail=n == "RUN") for n, w in widths.items()), key=run["id"])
         ids = [run["id"] for run in self.runs]
         if ids:
@@ -187,6 +195,7 @@ class RunFacts:
     parent: Mapping[str, Any] | None = None
     progress: str | None = None  # what its rows tell of how far it got (step/total, ETA)
     parent_line: Timeline | None = None  # the startup of the run it replaced, to compare phase by phase
+    job: str | None = None  # of a node of a multi-node job: the job's state from the nodes in view
 
 
 SILENT_SHOWN_S = 5.0  # a run quiet for less is not worth a line
@@ -264,6 +273,8 @@ def detail_text(
     if alive and run["state"] != "ready" and facts.silent_s is not None and facts.silent_s >= SILENT_SHOWN_S:
         status += f"  silent for {'over ' if not facts.silent_exact else ''}{facts.silent_s:.0f} s"
     text.append("\n" + printable(status) + "\n")
+    if facts.job:
+        text.append(hanging(facts.job, width), style="bold")
     if not alive:
         text.append(printable(ended_text(run)) + "\n", style="bold red" if run["state"] in FAILED_STATES else "")
     if facts.line is not None and run["kind"] == "serve":
