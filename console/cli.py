@@ -82,7 +82,7 @@ async def cmd_launch(client: AgentClient, ns: argparse.Namespace, argv: list[str
         stall_after=ns.stall_after,
         metrics_from=ns.metrics_from,
         force=ns.force,
-        node=launched_node(ns),
+        **launching.node_fields(launched_node(ns)),
     )
     return report_launched(result, ns.json)
 

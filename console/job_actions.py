@@ -12,6 +12,7 @@ from backends.protocol import TERMINAL_STATES, KillResult, RelaunchResult, RunIn
 from console import jobs, render
 from console.client import AgentClient
 from console.links import Link, answer, host_json
+from console.ops import AgentOps
 from console.output import EXIT_FAILED, EXIT_OK, dump, note, out
 
 
@@ -78,12 +79,20 @@ async def relaunch_job(ns: argparse.Namespace, every: list[Link]) -> int:
         for (link, run), preview in zip(nodes, previews, strict=True):
             out(f"== {link.name}: node {run['job']['node_rank']}\n{render.relaunch_preview(preview)}")
         return EXIT_OK
-    # Every node stops before any starts again: a new node must never meet an old one at the rendezvous.
-    await asyncio.gather(*(link.client.kill(run["id"], grace=ns.grace) for link, run in nodes if live(run)))
-    started = await asyncio.gather(
-        *(link.client.relaunch(run["id"], **change) for link, run in nodes), return_exceptions=True
+    started = await stop_then_relaunch(
+        [(link.client, run) for link, run in nodes], ns.sets, ns.unsets, ns.grace, ns.force
     )
     return report_relaunched(ns, nodes, started)
+
+
+async def stop_then_relaunch(
+    nodes: list[tuple[AgentOps, RunInfo]], sets: list[str], unsets: list[str], grace: float, force: bool = False
+) -> list[RelaunchResult | BaseException]:
+    """Each node's run relaunched with the same edit, every live one stopped first: a new node must never meet
+    an old one at the rendezvous. Each node's outcome, in order (an exception where it could not start)."""
+    await asyncio.gather(*(client.kill(run["id"], grace=grace) for client, run in nodes if live(run)))
+    asked = (client.relaunch(run["id"], set=sets, unset=unsets, grace=grace, force=force) for client, run in nodes)
+    return list(await asyncio.gather(*asked, return_exceptions=True))
 
 
 def report_relaunched(

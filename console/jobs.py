@@ -108,6 +108,26 @@ def gather(answers: Iterable[tuple[str, Sequence[RunInfo]]]) -> list[Job]:
     return [Job(job_id, counts[job_id], [nodes[r] for r in sorted(nodes)]) for job_id, nodes in newest.items()]
 
 
+def in_view(run: RunInfo, runs: Iterable[RunInfo]) -> Job | None:
+    """The job `run` is a node of, as the runs in view show it (each marked with its host, where several are);
+    None for a run of one node."""
+    node = run.get("job")
+    if node is None:
+        return None
+    return next(job for job in gather((r.get("host", ""), [r]) for r in runs) if job.id == node["id"])
+
+
+def node_line(run: RunInfo, runs: Iterable[RunInfo]) -> str | None:
+    """`job J: node 1 of 2 · stalled: node 1 (b): rank 1 stopped ...`, of a run that is a node of a job."""
+    found = in_view(run, runs)
+    if found is None or "job" not in run:
+        return None
+    state, detail = found.state()
+    return f"job {found.id}: node {run['job']['node_rank']} of {found.nnodes} · {state}" + (
+        f": {detail}" if detail else ""
+    )
+
+
 def jobs_text(jobs: Sequence[Job]) -> str:
     """A line per job, then one per node: its host, run and state."""
     lines = []

@@ -6,9 +6,15 @@ from __future__ import annotations
 
 import argparse
 import os
+from typing import Any
 
 from backends.protocol import JobNode, LaunchResult, ServeNode
 from console.client import AgentClient
+
+
+def node_fields(node: JobNode | None) -> dict[str, Any]:
+    """A node's launch arguments (none for a run of one node)."""
+    return {} if node is None else {"job": node["id"], "node_rank": node["node_rank"], "nnodes": node["nnodes"]}
 
 
 async def launch_stage(
@@ -30,8 +36,8 @@ async def launch_stage(
         cwd=ns.cwd or os.getcwd(),
         gpus=ns.gpus,
         stall_after=ns.stall_after,
-        node=node,
         rendezvous=rendezvous,
+        **node_fields(node),
     )
 
 
@@ -74,5 +80,5 @@ async def launch_serve(
         health_url=f"http://127.0.0.1:{ns.port}/health" if not node or node["node_rank"] == 0 else None,
         stall_after=ns.stall_after,
         force=ns.force,
-        node=node,
+        **node_fields(node),
     )

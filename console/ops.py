@@ -18,7 +18,6 @@ from backends.protocol import (
     EventsResult,
     FreeGpusResult,
     HelloResult,
-    JobNode,
     KillResult,
     LaunchResult,
     LogChunk,
@@ -78,9 +77,13 @@ class AgentOps(abc.ABC):
         nproc: int | None = None,
         metrics_from: str | None = None,
         force: bool = False,
-        node: JobNode | None = None,
+        job: str | None = None,
+        node_rank: int | None = None,
+        nnodes: int | None = None,
         rendezvous: str | None = None,
     ) -> LaunchResult:
+        """A new run; with job, node_rank and nnodes, one node of a multi-node job (its torchrun meeting the
+        others at `rendezvous` when it runs one of our stages)."""
         result = await self.request(
             "launch",
             kind=kind,
@@ -96,9 +99,9 @@ class AgentOps(abc.ABC):
             nproc=nproc,
             metrics_from=metrics_from,
             force=force,
-            job=node and node["id"],
-            node_rank=node and node["node_rank"],
-            nnodes=node and node["nnodes"],
+            job=job,
+            node_rank=node_rank,
+            nnodes=nnodes,
             rendezvous=rendezvous,
         )
         return cast(LaunchResult, result)

@@ -407,11 +407,12 @@ def launch_node(laptop: Laptop, host: str, job: str, rank: int) -> str:
 
 
 @pytest.mark.parametrize("size", [(100, 30), (160, 48)])
-def test_the_console_over_two_hosts_shows_both_keeps_one_while_the_other_is_down_and_kills_a_job_with_one_key(
+def test_the_console_over_two_hosts_keeps_one_while_the_other_is_down_and_relaunches_and_kills_a_job_whole(
     laptop: Laptop, size: tuple[int, int]
 ) -> None:
     """The real console in tmux over two real sshd hosts: a HOST column, one host's link down said in a banner
-    while the other's runs stay, the job's state in the detail, and `k` on a node killing the job on both hosts."""
+    while the other's runs stay, the job's state in the detail, `r` on a node relaunching the job on both hosts
+    and `k` on a node killing it on both."""
     nodes = {host: launch_node(laptop, host, "sweep-1", rank) for rank, host in enumerate("ab")}
     with Tmux(laptop.argv("lab"), width=size[0], height=size[1], env=laptop.env(), cwd=REPO) as term:
 
@@ -430,12 +431,29 @@ def test_the_console_over_two_hosts_shows_both_keeps_one_while_the_other_is_down
         assert [row[0] for row in nodes_shown(term.screen())] == ["a", "b"]  # a's runs stay, b's as last seen
         laptop.bring_up("b")
         term.wait_for(lambda s: "reconnecting on its" not in s, 90, "b back")
+        term.send("r")  # a node of a job: the whole job relaunches, every node with the same edit
+        term.wait_for(lambda s: "Relaunch run" in s, 30, "the relaunch dialog")
+        term.write("--again=1")
+        term.send("Enter")
+        term.wait_for(lambda s: "Relaunch job sweep-1 on every node?" in s, 60, "the job's preview")
+        term.send("y")
+        deadline = time.monotonic() + 60
+        while set(relaunched := [n["run"] for n in job_of(laptop, "sweep-1")["nodes"]]) & set(nodes.values()):
+            assert time.monotonic() < deadline, relaunched
+            time.sleep(0.5)
+        assert [json.loads(laptop.cli(h, "status", r, "--json").stdout)["state"] for h, r in nodes.items()] == [
+            "killed",
+            "killed",
+        ]
+        term.wait_for(lambda s: s.count("running") >= 2 and "killed" in s, 60, "the new nodes in view")
         term.send("k")
         term.wait_for(lambda s: "Send SIGTERM to job sweep-1: its 2 live node runs (a, b)?" in s, 30, "the job dialog")
         term.send("y")
-        term.wait_for(lambda s: s.count("killed") >= 2, 60, "both nodes killed")
-    found = job_of(laptop, "sweep-1")
+        deadline = time.monotonic() + 60
+        while (found := job_of(laptop, "sweep-1"))["state"] != "killed":
+            assert time.monotonic() < deadline, found
+            time.sleep(0.5)
     assert [(n["host"], n["run"], n["state"]) for n in found["nodes"]] == [
-        ("a", nodes["a"], "killed"),
-        ("b", nodes["b"], "killed"),
+        ("a", relaunched[0], "killed"),
+        ("b", relaunched[1], "killed"),
     ]

@@ -28,6 +28,8 @@ from console import jobs, render
 from console.client import AgentClient
 from console.errors import AgentError, TransportError
 from console.hosts_client import HostsClient, HostsStatus
+from console.job_actions import stop_then_relaunch
+from console.ops import AgentOps
 from console.transport import Transport
 from console.tui.chart import ChartPicker, ChartsPanel, RunMetrics, choices, default_charts, nonfinite_loss, spec_label
 from console.tui.commands import RunCommands
@@ -50,18 +52,6 @@ MAX_PARTIAL = 64 * 1024  # a line without an end is kept to this length
 KILL_GRACE_S = 10.0
 LOUD_TIMEOUT_S = 15.0  # errors and stalls stay up longer than news
 FEED_ROWS = 500  # metric rows added to a store between two looks at the screen: a long history loads, the UI lives
-
-
-def job_line(run: RunInfo, runs: list[RunInfo]) -> str | None:
-    """`job J: node 1 of 2 · stalled: node 1 (b): rank 1 stopped ...`, of a run that is a node of a job."""
-    node = run.get("job")
-    if node is None:
-        return None
-    found = next(job for job in jobs.gather((r.get("host", ""), [r]) for r in runs) if job.id == node["id"])
-    state, detail = found.state()
-    return f"job {node['id']}: node {node['node_rank']} of {node['nnodes']} · {state}" + (
-        f": {detail}" if detail else ""
-    )
 
 
 class ConsoleApp(App[None]):
@@ -291,7 +281,7 @@ class ConsoleApp(App[None]):
         if self.quiet_since is not None:
             self.facts.silent_s = time.time() - self.quiet_since
         self.facts.parent = self.runs.get(run["parent"] or "")
-        self.facts.job = job_line(run, list(self.runs.values()))
+        self.facts.job = jobs.node_line(run, self.runs.values())
         self.facts.progress = progress.text(time.time()) if (progress := self.progress.get(run["id"])) else None
         stall = (run["id"], run["stalled_since"])
         if run["state"] != "stalled":
@@ -502,12 +492,23 @@ class ConsoleApp(App[None]):
         presets = (await self.client.relaunch_presets(run_id))["presets"]
         self.relaunch(run_id, await self.push_screen_wait(RelaunchScreen(run_id, argv, presets)))
 
+    def job_nodes(self, run: RunInfo) -> list[RunInfo]:
+        """Of a node of a job in view: the newest run of each of its nodes, by rank; of any other run, itself."""
+        found = jobs.in_view(run, self.runs.values())
+        return [node.run for node in found.nodes] if found is not None and len(found.nodes) > 1 else [run]
+
     @work(group="actions")
     async def relaunch(self, run_id: str, flags: tuple[list[str], list[str]] | None) -> None:
-        """Show the new command line and what the checks say, stop nothing until the person agrees."""
+        """Show the new command line and what the checks say, stop nothing until the person agrees; a node of a
+        job relaunches the whole job, every node with the same edit."""
         if flags is None:
             return
         sets, unsets = flags
+        run = self.runs.get(run_id)
+        nodes = self.job_nodes(run) if run is not None else []
+        if len(nodes) > 1:
+            await self.relaunch_job(nodes, sets, unsets)
+            return
         self.notify("checking the new command line; nothing is stopped yet", timeout=8)
         try:
             preview = await self.client.relaunch(run_id, set=sets, unset=unsets, grace=KILL_GRACE_S, dry_run=True)
@@ -523,6 +524,35 @@ class ConsoleApp(App[None]):
         self.notify(f"run {result['run']} started, replacing {run_id}", title="relaunch")
         self.fates[result["run"]] = run_id
         self.moving_to = result["run"]
+
+    async def relaunch_job(self, nodes: list[RunInfo], sets: list[str], unsets: list[str]) -> None:
+        """Every node of the job previewed, then (once agreed) every node stopped and each started again."""
+        job = nodes[0]["job"]["id"]
+        self.notify(f"checking job {job}'s new command lines; nothing is stopped yet", timeout=8)
+        try:
+            asked = (
+                self.client.relaunch(n["id"], set=sets, unset=unsets, grace=KILL_GRACE_S, dry_run=True) for n in nodes
+            )
+            previews = await asyncio.gather(*asked)
+        except (AgentError, TransportError) as exc:
+            self.notify(str(exc), title="relaunch refused", severity="error", timeout=15)
+            return
+        shown = "\n".join(
+            f"node {n['job']['node_rank']} ({n.get('host', 'this host')}): {render.relaunch_preview(p)}"
+            for n, p in zip(nodes, previews, strict=True)
+        )
+        if not await self.push_screen_wait(ConfirmScreen(f"Relaunch job {job} on every node?", shown)):
+            return
+        pairs: list[tuple[AgentOps, RunInfo]] = [(self.client, n) for n in nodes]
+        for node, result in zip(nodes, await stop_then_relaunch(pairs, sets, unsets, KILL_GRACE_S), strict=True):
+            if isinstance(result, (AgentError, TransportError)):
+                self.notify(f"node {node['job']['node_rank']}: {result}", title="relaunch", severity="error")
+            elif isinstance(result, BaseException):
+                raise result
+            else:
+                self.fates[result["run"]] = node["id"]
+                self.moving_to = self.moving_to or result["run"]
+        self.notify(f"job {job} relaunched on {len(nodes)} nodes", title="relaunch")
 
     @work(group="actions")
     async def action_free_gpus(self) -> None:
