@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import re
 import secrets
 from collections.abc import Awaitable, Callable
 
@@ -33,8 +34,10 @@ def check(ns: argparse.Namespace, hosts: list[str]) -> None:
 
 
 def job_id(ns: argparse.Namespace) -> str:
-    """The job's id: its name (or the stage's) and a random tail, so that two launches never share a rendezvous."""
-    return f"{ns.name or ns.command}-{secrets.token_hex(3)}"
+    """The job's id: its name (or the stage's) in the letters a job id takes, and a random tail, so that two
+    launches never share a rendezvous."""
+    name = re.sub(r"[^A-Za-z0-9._-]+", "-", ns.name or ns.command).strip("-._")[:40] or ns.command
+    return f"{name}-{secrets.token_hex(3)}"
 
 
 async def launch_job(

@@ -4,6 +4,7 @@ real sshd hosts is in test_many_hosts."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import signal
 import subprocess
@@ -20,6 +21,7 @@ from backends.runs import job, stalled
 from backends.runs.control import OpError, checked_spec
 from backends.runs.store import RunSpec, SpecError
 from console import jobs
+from console.job_launch import job_id
 from tests.conftest import CLI
 
 
@@ -88,6 +90,7 @@ def test_a_node_named_badly_is_refused_before_anything_starts(given: dict[str, A
 def test_the_rendezvous_address_is_the_one_the_console_reached_and_the_port_is_free() -> None:
     assert job.reachable_address("192.168.1.5 52000 10.1.2.3 22") == "10.1.2.3"
     assert job.reachable_address(None) == job.reachable_address("garbage") == "127.0.0.1"
+    assert job.reachable_address("fe80::2 52000 2001:db8::1 22") == "[2001:db8::1]"
     import socket
 
     with socket.socket() as probe:
@@ -201,3 +204,9 @@ def test_runs_of_one_node_are_no_job() -> None:
     alone = run(0, "running")
     del alone["job"]
     assert jobs.gather([("a", [alone])]) == []
+
+
+@given(st.text(max_size=80))
+def test_any_name_makes_a_job_id_the_agents_take(name: str) -> None:
+    made = job_id(argparse.Namespace(name=name or None, command="train"))
+    assert job.JOB_ID.fullmatch(made), made

@@ -76,4 +76,5 @@ def reachable_address(ssh_connection: str | None) -> str:
     """This host's address as the console reached it (SSH_CONNECTION's server side): the address the job's other
     nodes are most likely to reach too; 127.0.0.1 for a console on this host."""
     fields = (ssh_connection or "").split()
-    return fields[2] if len(fields) == 4 else "127.0.0.1"
+    address = fields[2] if len(fields) == 4 else "127.0.0.1"
+    return f"[{address}]" if ":" in address else address  # IPv6: HOST:PORT needs the brackets
