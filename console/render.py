@@ -181,11 +181,15 @@ def stall_text(run: Mapping[str, Any]) -> str:
     )
 
 
-def top_frames(dump: str, count: int = 3) -> list[str]:
-    """The innermost `count` frames of each thread's stack in a py-spy dump (py-spy prints innermost first)."""
+def top_frames(dump: str, count: int = 3, first: Sequence[int] = ()) -> list[str]:
+    """The innermost `count` frames of each thread's stack in a py-spy dump (py-spy prints innermost first); the
+    processes `first` (a distributed run's ranks) before the others (torchrun's agent, which only waits)."""
+    sections = re.split(r"(?m)^(?==== pid \d+:)", dump)
+    pid_of = [int(m.group(1)) if (m := re.match(r"=== pid (\d+):", part)) else None for part in sections]
+    ordered = [part for part, pid in sorted(zip(sections, pid_of, strict=True), key=lambda p: p[1] not in first)]
     frames: list[str] = []
     taking = 0
-    for line in dump.splitlines():
+    for line in "".join(ordered).splitlines():
         if line.startswith("Thread "):
             taking = count
         elif taking and line.startswith("    ") and line.strip():

@@ -428,7 +428,8 @@ def test_the_console_over_two_hosts_keeps_one_while_the_other_is_down_and_relaun
         term.wait_for(lambda s: any(said in s for said in job_said), 30, "the job's state in the detail")
         laptop.take_down("b")
         term.wait_for(lambda s: "b: cannot reach" in s and "reconnecting on its" in s, 60, "b's link said to be down")
-        assert [row[0] for row in nodes_shown(term.screen())] == ["a", "b"]  # a's runs stay, b's as last seen
+        shown = nodes_shown(term.screen())
+        assert [(row[0], row[1] == "(down)") for row in shown] == [("a", False), ("b", True)]  # b's as last seen
         laptop.bring_up("b")
         term.wait_for(lambda s: "reconnecting on its" not in s, 90, "b back")
         term.send("r")  # a node of a job: the whole job relaunches, every node with the same edit

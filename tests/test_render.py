@@ -40,3 +40,10 @@ def test_a_serve_runs_metric_rows_show_their_time_of_day_not_seconds_since_1970(
     text = render.metrics_table([{"t": at, "accept_len": 3.0}, {"t": at + 5, "accept_len": 3.5}])
     assert text.splitlines()[1].split()[:3] == [*render.clock(at).split(), "3"]
     assert "e+09" not in text
+
+
+def test_a_distributed_runs_top_frames_are_its_ranks_before_torchruns_agent() -> None:
+    agent = '=== pid 10: python -m torch.distributed.run\nThread 10 (idle): "MainThread"\n    _invoke_run (api.py:9)\n'
+    rank = '=== pid 20: python -m backends.train\nThread 20 (idle): "MainThread"\n    all_reduce (c10d.py:3)\n'
+    assert render.top_frames(agent + rank, count=1) == ["_invoke_run (api.py:9)", "all_reduce (c10d.py:3)"]
+    assert render.top_frames(agent + rank, count=1, first=[20]) == ["all_reduce (c10d.py:3)", "_invoke_run (api.py:9)"]

@@ -194,9 +194,10 @@ class ConsoleApp(App[None]):
         link.update(text or "")
 
     def show_status(self, status: StatusResult) -> None:
-        if links := cast(HostsStatus, status).get("links"):  # several hosts: each link said on its own
-            down = [f"{host}: {why}" for host, why in links.items() if why]
-            self.banner(f"{'; '.join(down)}; reconnecting on its own, the other hosts shown" if down else None)
+        links = cast(HostsStatus, status).get("links") or {}  # several hosts: each link said on its own
+        if links:
+            said = [f"{host}: {why}" for host, why in links.items() if why]
+            self.banner(f"{'; '.join(said)}; reconnecting on its own, the other hosts shown" if said else None)
         told = self.announce_fates(status["runs"])
         self.announce_changes(status["runs"], told)
         self.runs = {run["id"]: run for run in status["runs"]}
@@ -212,7 +213,8 @@ class ConsoleApp(App[None]):
         progress = {run_id: text for run_id, p in self.progress.items() if (text := p.text(now))}
         with self.batch_update():
             table = self.query_one(RunsTable)
-            table.show(status["runs"], status.get("gpus") or [], progress, frozenset(self.unseen))
+            down = frozenset(host for host, why in links.items() if why)
+            table.show(status["runs"], status.get("gpus") or [], progress, frozenset(self.unseen), down)
             self.query_one(GpuPanel).show(status)
             if self.moving_to in self.runs:
                 self.select_run(self.moving_to)
@@ -299,7 +301,10 @@ class ConsoleApp(App[None]):
         except (AgentError, TransportError):
             return
         if self.followed == run_id:
-            self.facts.frames = render.top_frames(dump["text"])
+            run = self.runs.get(run_id)
+            stalled = run.get("stalled_processes") or [] if run is not None else []
+            ranks = [process["pid"] for process in stalled if process["rank"] is not None]
+            self.facts.frames = render.top_frames(dump["text"], first=ranks)
             self.show_selected()
 
     @on(DataTable.RowHighlighted)

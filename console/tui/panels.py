@@ -56,7 +56,7 @@ RUN_COLUMNS = ("RUN", "NAME", "KIND", "STATE", "PHASE", "PID", "EXIT", "GPUS")
 DROPPED_FIRST = ("PID", "KIND", "GPUS", "EXIT")
 # How narrow a column may be squeezed before a low-value one is dropped (a cut cell ends in …; the run id keeps
 # its unique tail); past that, any column goes down to TIGHTEST.
-MIN_WIDTHS = {"HOST": 6, "RUN": 9, "NAME": 12, "STATE": 7, "PHASE": 16, "GPUS": 6, "EXIT": 4}
+MIN_WIDTHS = {"HOST": 8, "RUN": 9, "NAME": 12, "STATE": 7, "PHASE": 16, "GPUS": 6, "EXIT": 4}
 TIGHTEST = 3
 CELL_PADDING = 1  # DataTable's, on each side of a cell
 NEW_FAILURE = "● "  # marks a failure nobody has selected yet
@@ -66,9 +66,12 @@ def state_text(state: str) -> Text:
     return Text(printable(state), style=STATE_STYLES.get(state, ""))
 
 
-def run_row(run: Mapping[str, Any], on_gpus: dict[str, str], phase: str | None = None, new: bool = False) -> list[Text]:
+def run_row(
+    run: Mapping[str, Any], on_gpus: dict[str, str], phase: str | None = None, new: bool = False, stale: bool = False
+) -> list[Text]:
     """A run's cells in the runs table: Text, never markup, each character a terminal would act on escaped.
-    `phase` is what the run's rows tell of its progress (step/total, ETA), shown where it has no phase."""
+    `phase` is what the run's rows tell of its progress (step/total, ETA), shown where it has no phase; `stale`:
+    its host cannot be reached, so the row is as last seen (its host cell says so)."""
 
     def shown(value: str) -> Text:
         return Text(printable(value))
@@ -76,7 +79,9 @@ def run_row(run: Mapping[str, Any], on_gpus: dict[str, str], phase: str | None =
     state = state_text(run["state"])
     if new:
         state = Text(NEW_FAILURE, style=STATE_STYLES["failed"]) + state
-    host = [shown(run["host"])] if "host" in run else []  # a console over several hosts: HOST/RUN
+    host = []  # a console over several hosts: HOST/RUN
+    if "host" in run:
+        host = [Text(printable(f"{run['host']} (down)"), style="dim") if stale else shown(run["host"])]
     return [
         *host,
         shown(run["id"].rpartition("/")[2]),
@@ -136,6 +141,7 @@ class RunsTable(DataTable[Any]):
     gpus: Sequence[GpuInfo] = ()
     progress: Mapping[str, str] = {}
     unseen: frozenset[str] = frozenset()
+    down: frozenset[str] = frozenset()  # hosts whose link is down: their rows are as last seen
     filled: tuple[list[list[Text]], dict[str, int]] = ([], {})
 
     def on_mount(self) -> None:
@@ -150,16 +156,21 @@ class RunsTable(DataTable[Any]):
         gpus: Sequence[GpuInfo],
         progress: Mapping[str, str] | None = None,
         unseen: frozenset[str] = frozenset(),
+        down: frozenset[str] = frozenset(),
     ) -> None:
-        """`progress`: what each run's rows tell of how far it got; `unseen`: failures not selected yet."""
+        """`progress`: what each run's rows tell of how far it got; `unseen`: failures not selected yet; `down`:
+        hosts that cannot be reached now."""
         self.runs = sorted(runs, key=lambda run: attention_rank(run["state"]))
-        self.gpus, self.progress, self.unseen = gpus, progress or {}, unseen
+        self.gpus, self.progress, self.unseen, self.down = gpus, progress or {}, unseen, down
         self.refill()
 
     def refill(self) -> None:
         selected = self.selected_run()
         on_gpus = run_gpus(self.gpus)
-        rows = [run_row(run, on_gpus, self.progress.get(run["id"]), run["id"] in self.unseen) for run in self.runs]
+        rows = [
+            run_row(run, on_gpus, self.progress.get(run["id"]), run["id"] in self.unseen, run.get("host") in self.down)
+            for run in self.runs
+        ]
         columns = row_columns(self.runs)
         widths = fit_columns(self.scrollable_content_region.width or self.size.width, rows, columns)
         if (rows, widths) == self.filled:  # the same table: filling it again would cost a whole repaint
