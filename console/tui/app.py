@@ -36,7 +36,7 @@ from console.tui.commands import RunCommands
 from console.tui.dialogs import ConfirmScreen, HelpScreen, RelaunchScreen, TextScreen
 from console.tui.gpu_panel import GpuPanel
 from console.tui.log import FindPrompt, TailLog
-from console.tui.panels import RunDetail, RunFacts, RunsTable, health_styles
+from console.tui.panels import JOB_KEY, RunDetail, RunFacts, RunsTable, health_styles
 from console.tui.progress import Progress, total_steps
 from console.tui.timeline import timeline
 from themes import register_themes
@@ -256,12 +256,16 @@ class ConsoleApp(App[None]):
 
     def select_run(self, run_id: str) -> None:
         table = self.query_one(RunsTable)
-        table.move_cursor(row=table.get_row_index(run_id))
+        table.move_cursor(row=table.get_row_index(table.key_of(run_id)))
         table.focus()
 
     def selected(self) -> RunInfo | None:
-        run_id = self.query_one(RunsTable).selected_run()
-        return self.runs.get(run_id) if run_id else None
+        """The run under the cursor; on a multi-node job's line, its node 0's run (which has its metrics)."""
+        table = self.query_one(RunsTable)
+        key = table.selected_run()
+        if key is not None and key.startswith(JOB_KEY):
+            return table.job_head(key)
+        return self.runs.get(key) if key else None
 
     def show_selected(self) -> None:
         run = self.selected()
@@ -310,6 +314,12 @@ class ConsoleApp(App[None]):
     @on(DataTable.RowHighlighted)
     def row_changed(self) -> None:
         self.show_selected()
+
+    @on(DataTable.RowSelected)
+    def row_chosen(self, event: DataTable.RowSelected) -> None:
+        """Enter on a multi-node job's line shows its nodes' runs under it, or folds them again."""
+        if event.row_key.value is not None:
+            self.query_one(RunsTable).toggle(str(event.row_key.value))
 
     # --- the selected run's log and curves --------------------------------------------------
 

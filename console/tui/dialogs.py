@@ -189,6 +189,7 @@ KEY_GROUPS = (
 )
 MOVING = (
     ("↑ ↓ / click", "select a run (the detail, curves and log follow it)"),
+    ("enter", "on a multi-node job's line: show its nodes' runs under it, or fold them"),
     ("ctrl+p", "find a run by name, id or state"),
     ("click / tab", "give the log the keys (click the runs to take them back)"),
     ("PgUp PgDn", "in the log: scroll (at its end it follows the tail again)"),

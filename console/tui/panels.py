@@ -14,6 +14,7 @@ from textual.theme import Theme
 from textual.widgets import DataTable, Static
 
 from backends.protocol import TERMINAL_STATES, GpuInfo, RunInfo
+from console import jobs
 from console.bench_text import bench_lines
 from console.render import (
     FAILED_STATES,
@@ -95,6 +96,25 @@ def run_row(
     ]
 
 
+JOB_KEY = "job:"  # the row key of a multi-node job's line: JOB_KEY + its id
+NODE_MARK = "└ "  # before the name of a node's run, under its job's line
+
+
+def job_row(job: jobs.Job, progress: Mapping[str, str], marked: bool) -> list[Text]:
+    """A multi-node job's line: its hosts, id, state from its nodes, and node 0's progress or how many nodes."""
+    head = job.nodes[0].run
+    hosts = ",".join(dict.fromkeys(node.host for node in job.nodes))
+    phase = head.get("phase") or progress.get(head["id"]) or f"{len(job.nodes)}/{job.nnodes} nodes"
+    row = run_row(
+        {**head, "id": f"job {job.id}", "host": hosts, "state": job.state()[0], "phase": phase, "pid": None},
+        {},
+        new=marked,
+    )
+    exit_at = -2  # EXIT and GPUS say nothing of a job as a whole: its nodes' rows do
+    row[exit_at], row[-1] = Text("-"), Text("-")
+    return row if "host" in head else row[1:]
+
+
 def row_columns(runs: Sequence[Mapping[str, Any]]) -> tuple[str, ...]:
     """The table's columns: a HOST column first when the runs come from several hosts."""
     return ("HOST", *RUN_COLUMNS) if any("host" in run for run in runs) else RUN_COLUMNS
@@ -142,6 +162,7 @@ class RunsTable(DataTable[Any]):
     progress: Mapping[str, str] = {}
     unseen: frozenset[str] = frozenset()
     down: frozenset[str] = frozenset()  # hosts whose link is down: their rows are as last seen
+    expanded: frozenset[str] = frozenset()  # jobs shown with their nodes' runs under their line
     filled: tuple[list[list[Text]], dict[str, int]] = ([], {})
 
     def on_mount(self) -> None:
@@ -164,13 +185,55 @@ class RunsTable(DataTable[Any]):
         self.gpus, self.progress, self.unseen, self.down = gpus, progress or {}, unseen, down
         self.refill()
 
+    def lines(self) -> list[tuple[str, RunInfo | jobs.Job]]:
+        """The table's rows by key: each run, except that the runs of a multi-node job are one line (where its
+        most urgent node would be), followed by its nodes' runs when it is expanded."""
+        found = {job.id: job for job in jobs.gather((run.get("host", ""), [run]) for run in self.runs)}
+        lines: list[tuple[str, RunInfo | jobs.Job]] = []
+        for run in self.runs:
+            node = run.get("job")
+            if node is None:
+                lines.append((run["id"], run))
+            elif JOB_KEY + node["id"] not in (key for key, _ in lines):
+                lines.append((JOB_KEY + node["id"], found[node["id"]]))
+                if node["id"] in self.expanded:
+                    members = [r for r in self.runs if r.get("job", {}).get("id") == node["id"]]
+                    lines += [(r["id"], r) for r in sorted(members, key=lambda r: (r["job"]["node_rank"], r["id"]))]
+        return lines
+
+    def toggle(self, key: str) -> bool:
+        """Expand or fold the job whose line `key` is; False for a run's row."""
+        if not key.startswith(JOB_KEY):
+            return False
+        self.expanded ^= {key.removeprefix(JOB_KEY)}
+        self.refill()
+        return True
+
+    def key_of(self, run_id: str) -> str:
+        """The row that shows the run: its own, or its job's line while the job is folded."""
+        if run_id in (key for key, _ in self.lines()):
+            return run_id
+        run = next((r for r in self.runs if r["id"] == run_id), None)
+        return JOB_KEY + run["job"]["id"] if run is not None and "job" in run else run_id
+
+    def job_head(self, key: str) -> RunInfo | None:
+        """Of a job's line: node 0's run (the one with the metrics and the health), for the detail and the actions."""
+        return next((item.nodes[0].run for k, item in self.lines() if k == key and isinstance(item, jobs.Job)), None)
+
     def refill(self) -> None:
         selected = self.selected_run()
         on_gpus = run_gpus(self.gpus)
-        rows = [
-            run_row(run, on_gpus, self.progress.get(run["id"]), run["id"] in self.unseen, run.get("host") in self.down)
-            for run in self.runs
-        ]
+        lines = self.lines()
+        rows = []
+        for key, item in lines:
+            if isinstance(item, jobs.Job):
+                rows.append(job_row(item, self.progress, any(r in self.unseen for r in job_runs(item))))
+                continue
+            row = run_row(item, on_gpus, self.progress.get(key), key in self.unseen, item.get("host") in self.down)
+            if "job" in item:  # a node's run under its job's line
+                name_at = 2 if "host" in item else 1
+                row[name_at] = Text(NODE_MARK) + row[name_at]
+            rows.append(row)
         columns = row_columns(self.runs)
         widths = fit_columns(self.scrollable_content_region.width or self.size.width, rows, columns)
         if (rows, widths) == self.filled:  # the same table: filling it again would cost a whole repaint
@@ -179,18 +242,23 @@ class RunsTable(DataTable[Any]):
         self.clear(columns=True)
         for name, width in widths.items():
             self.add_column(name, width=width, key=name)
-        for run, row in zip(self.runs, rows, strict=True):
+        for (key, _item), row in zip(lines, rows, strict=True):
             cells = dict(zip(columns, row, strict=True))
-            self.add_row(*(cut(cells[n], w, keep_tail=n == "RUN") for n, w in widths.items()), key=run["id"])
-        ids = [run["id"] for run in self.runs]
-        if ids:
-            self.move_cursor(row=ids.index(selected) if selected in ids else len(ids) - 1)
+            self.add_row(*(cut(cells[n], w, keep_tail=n == "RUN") for n, w in widths.items()), key=key)
+        keys = [key for key, _ in lines]
+        if keys:
+            self.move_cursor(row=keys.index(selected) if selected in keys else len(keys) - 1)
 
     def selected_run(self) -> str | None:
+        """The key of the row under the cursor: a run's id, or JOB_KEY and a job's id."""
         if self.row_count == 0:
             return None
         key = self.coordinate_to_cell_key(self.cursor_coordinate).row_key
         return str(key.value) if key.value is not None else None
+
+
+def job_runs(job: jobs.Job) -> set[str]:
+    return {node.run["id"] for node in job.nodes}
 
 
 @dataclass
