@@ -16,9 +16,9 @@ from typing import Any, TypedDict, cast
 from backends.protocol import GpuInfo, HelloResult, RunInfo, StatusResult
 from console.client import AgentClient, Subscription
 from console.errors import AgentError, TransportError
+from console.host_runs import SEPARATOR, key, split
 from console.ops import AgentOps
 
-SEPARATOR = "/"  # in HOST/RUN: never in a run id
 RUN_FIELDS = ("run", "parent", "id", "served_run")  # reply fields that name a run of the host
 
 
@@ -30,16 +30,6 @@ class HostsStatus(StatusResult, _Links):
     """The status of every host at once: runs and GPUs marked with their host (`host`), links by host."""
 
 
-def key(host: str, run_id: str) -> str:
-    return f"{host}{SEPARATOR}{run_id}"
-
-
-def split(run: str) -> tuple[str, str]:
-    """(host, the host's run id) of HOST/RUN."""
-    host, _, run_id = run.rpartition(SEPARATOR)
-    return host, run_id
-
-
 def marked_run(host: str, run: RunInfo) -> RunInfo:
     own = cast(RunInfo, dict(run))
     own["id"], own["host"] = key(host, run["id"]), host
@@ -48,10 +38,15 @@ def marked_run(host: str, run: RunInfo) -> RunInfo:
     return own
 
 
+def marked_processes(host: str, processes: list[Any]) -> list[Any]:
+    """GPU processes with the run each belongs to named HOST/RUN (None stays None: not a run's)."""
+    return [{**process, "run_id": process["run_id"] and key(host, process["run_id"])} for process in processes]
+
+
 def marked_gpu(host: str, gpu: GpuInfo) -> GpuInfo:
     own = cast(GpuInfo, dict(gpu))
     own["host"] = host
-    own["processes"] = [{**p, "run_id": p["run_id"] and key(host, p["run_id"])} for p in gpu["processes"]]
+    own["processes"] = marked_processes(host, gpu["processes"])
     if "inferred" in gpu:
         own["inferred"] = [{**h, "run_id": key(host, h["run_id"])} for h in gpu["inferred"]]
     return own
@@ -64,7 +59,6 @@ class HostsClient(AgentOps):
         self.down: dict[str, str] = dict.fromkeys(self.clients, "not reached yet")
         self.failed: dict[str, str] = {}  # hosts that retrying cannot help (a refused host key)
         self.last: dict[str, StatusResult] = {}  # each host's last answer: shown while its link is down
-        self.generation = 0  # links made, over every host: a follower subscribes again when it grows
         self._retrying: dict[str, asyncio.Task[None]] = {}
         self._hello: HelloResult | None = None
 
@@ -84,7 +78,6 @@ class HostsClient(AgentOps):
                 return
             self._hello = self._hello or hello
             self.down.pop(host, None)
-            self.generation += 1
 
         self._retrying[host] = asyncio.create_task(reach())
 
@@ -105,6 +98,11 @@ class HostsClient(AgentOps):
             await asyncio.sleep(0.1)
         return self._hello
 
+    @property
+    def generation(self) -> int:
+        """Links made, over every host: a follower subscribes again when it grows."""
+        return sum(client.generation for client in self.clients.values())
+
     async def close(self) -> None:
         for task in self._retrying.values():
             task.cancel()
@@ -114,8 +112,8 @@ class HostsClient(AgentOps):
         await asyncio.gather(*(client.close() for client in self.clients.values()), return_exceptions=True)
 
     async def request(self, op: str, **args: Any) -> Any:
-        if op in ("status", "list_runs"):
-            return await self._status(op, args)
+        if op == "status":
+            return await self._status(args)
         if op == "free_gpus":
             return await self._free_gpus(args)
         run = args.get("run")
@@ -147,7 +145,7 @@ class HostsClient(AgentOps):
             marked["stopped_parent"] = self._marked(host, marked["stopped_parent"])
         return marked
 
-    async def _status(self, op: str, args: dict[str, Any]) -> HostsStatus:
+    async def _status(self, args: dict[str, Any]) -> HostsStatus:
         up = [host for host in self.clients if host not in self.down]
         answers = await asyncio.gather(*(self._ask(host, "status", args) for host in up), return_exceptions=True)
         problems: dict[str, str] = {}
@@ -168,7 +166,7 @@ class HostsClient(AgentOps):
             "gpu_source": known[0][1]["gpu_source"] if known else "none",
             "gpu_error": "; ".join(errors) or None,
             "runs": runs,
-            "gpus": gpus if op == "status" else [],
+            "gpus": gpus,
             "omitted": sum(status["omitted"] for _, status in known),
             "links": {host: self.down.get(host) or problems.get(host) for host in self.clients},
         }
@@ -181,7 +179,7 @@ class HostsClient(AgentOps):
         for host, answer in zip(up, answers, strict=True):
             for gpu in answer["gpus"]:
                 for name in ("processes", "still_held"):
-                    gpu[name] = [{**p, "run_id": p["run_id"] and key(host, p["run_id"])} for p in gpu[name]]
+                    gpu[name] = marked_processes(host, gpu[name])
                 gpus.append({**gpu, "host": host})
         return {"dry_run": args["dry_run"], "gpu_source": answers[0]["gpu_source"] if answers else "none", "gpus": gpus}
 

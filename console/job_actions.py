@@ -17,14 +17,9 @@ from console.output import EXIT_FAILED, EXIT_OK, dump, note, out
 
 
 async def job_runs(client: AgentClient, job: str) -> list[RunInfo]:
-    """The host's runs of the job: of each node, its newest."""
-    runs = [run for run in (await client.list_runs())["runs"] if "job" in run and run["job"]["id"] == job]
-    newest: dict[int, RunInfo] = {}
-    for run in runs:
-        rank = run["job"]["node_rank"]
-        if rank not in newest or newest[rank]["id"] < run["id"]:
-            newest[rank] = run
-    return [newest[rank] for rank in sorted(newest)]
+    """The host's runs of the job: of each node, its newest, by rank."""
+    found = jobs.gather([("", (await client.list_runs())["runs"])])
+    return next(([node.run for node in each.nodes] for each in found if each.id == job), [])
 
 
 def live(run: RunInfo) -> bool:

@@ -25,6 +25,7 @@ from backends.protocol import (
     MetricRow,
     RunInfo,
 )
+from console.host_runs import own_id
 
 if TYPE_CHECKING:
     from console.config import Host
@@ -177,7 +178,7 @@ def stall_text(run: Mapping[str, Any]) -> str:
     how = STALL_KINDS.get(run.get("stall_kind") or "idle", STALL_KINDS["idle"])
     return (
         f"stalled{where} since {clock(run.get('stalled_since'))}: {how}; "
-        f"stacks: runs/{run['id'].rpartition('/')[2]}/{dumps[-1] if dumps else '(none)'}"
+        f"stacks: runs/{own_id(run['id'])}/{dumps[-1] if dumps else '(none)'}"
     )
 
 
@@ -318,7 +319,7 @@ def corrupt_text(run: Mapping[str, Any]) -> str:
     corrupt = run["corrupt"]
     return (
         f"run {run['id']} is corrupt: {corrupt['file']}: {corrupt['reason']}; "
-        f"repair that file or move runs/{run['id'].rpartition('/')[2]} away"
+        f"repair that file or move runs/{own_id(run['id'])} away"
     )
 
 

@@ -12,7 +12,8 @@ import pytest
 
 from console.client import AgentClient
 from console.errors import AgentError, TransportError
-from console.hosts_client import HostsClient, HostsStatus, split
+from console.host_runs import split
+from console.hosts_client import HostsClient, HostsStatus
 from console.transport import LocalTransport
 
 SLEEPER = "import time; time.sleep(60)"

@@ -464,12 +464,11 @@ class ConsoleApp(App[None]):
         if run is None or run["state"] in TERMINAL_STATES:
             self.notify("select a live run to kill", severity="warning")
             return
-        job = run.get("job")
-        ranks = [r for r in self.runs.values() if job and r.get("job", {}).get("id") == job["id"]]
-        ranks = [r for r in ranks if r["state"] not in TERMINAL_STATES]
-        if job is not None and len(ranks) > 1:  # a node of a job: the job goes whole, every node on every host
+        ranks = [r for r in self.job_nodes(run) if r["state"] not in TERMINAL_STATES]
+        if len(ranks) > 1:  # a node of a job: the job goes whole, every node on every host
             where = ", ".join(dict.fromkeys(r.get("host", "this host") for r in ranks))
-            question = f"Send SIGTERM to job {render.printable(job['id'])}: its {len(ranks)} live node runs ({where})?"
+            job = render.printable(run["job"]["id"])
+            question = f"Send SIGTERM to job {job}: its {len(ranks)} live node runs ({where})?"
         else:
             ranks = [run]
             question = f"Send SIGTERM to run {run['id']} ({render.printable(run['name'])}, pid {run['pid']})?"

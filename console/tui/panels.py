@@ -16,6 +16,7 @@ from textual.widgets import DataTable, Static
 from backends.protocol import TERMINAL_STATES, GpuInfo, RunInfo
 from console import jobs
 from console.bench_text import bench_lines
+from console.host_runs import own_id
 from console.render import (
     FAILED_STATES,
     STALL_ADVICE,
@@ -85,7 +86,7 @@ def run_row(
         host = [Text(printable(f"{run['host']} (down)"), style="dim") if stale else shown(run["host"])]
     return [
         *host,
-        shown(run["id"].rpartition("/")[2]),
+        shown(own_id(run["id"])),
         shown(run["name"]),
         shown(run["kind"]),
         state,
@@ -101,18 +102,15 @@ NODE_MARK = "└ "  # before the name of a node's run, under its job's line
 
 
 def job_row(job: jobs.Job, progress: Mapping[str, str], marked: bool) -> list[Text]:
-    """A multi-node job's line: its hosts, id, state from its nodes, and node 0's progress or how many nodes."""
+    """A multi-node job's line: its hosts, id, state from its nodes, and node 0's progress or how many nodes (no
+    pid, exit or GPUs: its nodes' rows have them)."""
     head = job.nodes[0].run
-    hosts = ",".join(dict.fromkeys(node.host for node in job.nodes))
     phase = head.get("phase") or progress.get(head["id"]) or f"{len(job.nodes)}/{job.nnodes} nodes"
-    row = run_row(
-        {**head, "id": f"job {job.id}", "host": hosts, "state": job.state()[0], "phase": phase, "pid": None},
-        {},
-        new=marked,
-    )
-    exit_at = -2  # EXIT and GPUS say nothing of a job as a whole: its nodes' rows do
-    row[exit_at], row[-1] = Text("-"), Text("-")
-    return row if "host" in head else row[1:]
+    line = {**head, "id": f"job {job.id}", "state": job.state()[0], "phase": phase, "pid": None}
+    line.update(exit_code=None, error=None, signal=None)
+    if "host" in head:
+        line["host"] = ",".join(dict.fromkeys(node.host for node in job.nodes))
+    return run_row(line, {}, new=marked)
 
 
 def row_columns(runs: Sequence[Mapping[str, Any]]) -> tuple[str, ...]:
@@ -163,6 +161,7 @@ class RunsTable(DataTable[Any]):
     unseen: frozenset[str] = frozenset()
     down: frozenset[str] = frozenset()  # hosts whose link is down: their rows are as last seen
     expanded: frozenset[str] = frozenset()  # jobs shown with their nodes' runs under their line
+    drawn: Sequence[tuple[str, RunInfo | jobs.Job]] = ()  # the rows of the last refill, by key (see `lines`)
     filled: tuple[list[list[Text]], dict[str, int]] = ([], {})
 
     def on_mount(self) -> None:
@@ -194,10 +193,10 @@ class RunsTable(DataTable[Any]):
             node = run.get("job")
             if node is None:
                 lines.append((run["id"], run))
-            elif JOB_KEY + node["id"] not in (key for key, _ in lines):
-                lines.append((JOB_KEY + node["id"], found[node["id"]]))
-                if node["id"] in self.expanded:
-                    members = [r for r in self.runs if r.get("job", {}).get("id") == node["id"]]
+            elif (job := found.pop(node["id"], None)) is not None:  # the job's first run seen: its line goes here
+                lines.append((JOB_KEY + job.id, job))
+                if job.id in self.expanded:
+                    members = [r for r in self.runs if r.get("job", {}).get("id") == job.id]
                     lines += [(r["id"], r) for r in sorted(members, key=lambda r: (r["job"]["node_rank"], r["id"]))]
         return lines
 
@@ -211,19 +210,19 @@ class RunsTable(DataTable[Any]):
 
     def key_of(self, run_id: str) -> str:
         """The row that shows the run: its own, or its job's line while the job is folded."""
-        if run_id in (key for key, _ in self.lines()):
+        if run_id in (key for key, _ in self.drawn):
             return run_id
         run = next((r for r in self.runs if r["id"] == run_id), None)
         return JOB_KEY + run["job"]["id"] if run is not None and "job" in run else run_id
 
     def job_head(self, key: str) -> RunInfo | None:
         """Of a job's line: node 0's run (the one with the metrics and the health), for the detail and the actions."""
-        return next((item.nodes[0].run for k, item in self.lines() if k == key and isinstance(item, jobs.Job)), None)
+        return next((item.nodes[0].run for k, item in self.drawn if k == key and isinstance(item, jobs.Job)), None)
 
     def refill(self) -> None:
         selected = self.selected_run()
         on_gpus = run_gpus(self.gpus)
-        lines = self.lines()
+        self.drawn = lines = self.lines()
         rows = []
         for key, item in lines:
             if isinstance(item, jobs.Job):
