@@ -25,7 +25,7 @@ from typing import Any
 
 from benchmarks._common import percentile, print_table
 from benchmarks.many_hosts import Cluster
-from tests.train_fixtures import write_extraction, write_target
+from tests.train_fixtures import job_words, worker_of
 
 POLL_S = 0.25
 
@@ -33,18 +33,6 @@ POLL_S = 0.25
 def job_state(cluster: Cluster, job: str) -> dict[str, Any]:
     _, text = cluster.cli("all", "status", "--json")
     return next(found for found in json.loads(text)["jobs"] if found["id"] == job)
-
-
-def rank_pid(run: str, rank: int) -> int:
-    """The torchrun worker of `run` whose RANK is `rank`."""
-    for entry in Path("/proc").iterdir():
-        try:
-            environ = (entry / "environ").read_bytes().split(b"\0") if entry.name.isdigit() else []
-        except OSError:
-            continue
-        if f"RANK={rank}".encode() in environ and f"EAGLE3_RUN_ID={run}".encode() in environ:
-            return int(entry.name)
-    raise SystemExit(f"no rank {rank} under run {run}")
 
 
 def trial(cluster: Cluster, words: list[str], window: float) -> float:
@@ -57,7 +45,7 @@ def trial(cluster: Cluster, words: list[str], window: float) -> float:
             if time.monotonic() > deadline:
                 raise SystemExit(f"job {job} never trained")
             time.sleep(0.5)
-        frozen = rank_pid(job_state(cluster, job)["nodes"][1]["run"], rank=1)
+        frozen = worker_of(job_state(cluster, job)["nodes"][1]["run"], rank=1)
         os.kill(frozen, signal.SIGSTOP)
         start = time.monotonic()
         while (found := job_state(cluster, job))["state"] != "stalled":
@@ -85,14 +73,7 @@ def main() -> int:
     folder = Path(tempfile.mkdtemp(prefix="e3job", dir="/tmp"))
     cluster = Cluster(folder, 2)
     try:
-        target = write_target(folder / "target")
-        write_extraction(folder / "data", target)
-        words = [
-            "--python", sys.executable, "--env", "OMP_NUM_THREADS=1",
-            "--data", str(folder / "data"), "--target", str(target), "--out", str(folder / "draft"),
-            "--draft-vocab-size", "48", "--val-samples", "4", "--batch-size", "4", "--ttt", "2",
-            "--steps", "1000000", "--log-every", "1", "--save-every", "0", "--eval-every", "0",
-        ]  # fmt: skip
+        words = job_words(folder, "--steps", "1000000", "--log-every", "1", "--save-every", "0", "--eval-every", "0")
         rows = []
         for window in map(float, args.windows.split(",")):
             took = [trial(cluster, words, window) for _ in range(args.repeats)]

@@ -31,7 +31,7 @@ from console import config
 from tests.conftest import REPO, free_port
 from tests.sshd import SSHD, Sshd, home_for, start_sshd
 from tests.tmux import Tmux
-from tests.train_fixtures import write_extraction, write_target
+from tests.train_fixtures import job_words, worker_of
 
 SLEEPER = "import time\ntime.sleep(600)"
 
@@ -234,17 +234,6 @@ def test_hosts_lists_the_groups_after_the_hosts(laptop: Laptop) -> None:
     assert list(listed)[-2:] == ["lab", "solo"] and "lab" in laptop.cli("hosts").stdout
 
 
-def job_words(root: Path, *extra: str) -> list[str]:
-    """A training of the tiny target on CPU, one process per node; its own interpreter (the one with torch)."""
-    target = write_target(root / "target")
-    write_extraction(root / "data", target)
-    return [
-        "--python", sys.executable, "--env", "OMP_NUM_THREADS=1",
-        "--data", str(root / "data"), "--target", str(target), "--out", str(root / "draft"),
-        "--draft-vocab-size", "48", "--val-samples", "4", "--batch-size", "4", "--ttt", "2", *extra,
-    ]  # fmt: skip
-
-
 def metric_rows(laptop: Laptop, host: str, run: str) -> list[dict[str, Any]]:
     done = laptop.cli(host, "metrics", run, "--json")
     assert done.returncode == 0, done.stderr
@@ -289,20 +278,6 @@ def test_a_job_needs_a_host_per_node_and_every_host_up_before_anything_starts(la
     down = laptop.cli("lab", "train", "--nodes", "2", *words)
     assert down.returncode == 1 and "nothing launched" in down.stderr
     assert json.loads(laptop.cli("a", "status", "--json").stdout)["runs"] == []
-
-
-def worker_of(node_run: str, rank: int) -> int:
-    """The pid of the torchrun worker with global `rank` under the node's torchrun (its run's child)."""
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            environ = (entry / "environ").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if f"RANK={rank}".encode() in environ and f"EAGLE3_RUN_ID={node_run}".encode() in environ:
-            return int(entry.name)
-    raise AssertionError(f"no rank {rank} worker of run {node_run}")
 
 
 def test_a_job_with_a_frozen_rank_is_stalled_as_a_job_naming_it_and_one_kill_stops_every_node(

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -121,3 +122,29 @@ def write_manifest(path: Path, manifest: Manifest) -> None:
 
 def read_rows(path: Path) -> list[dict[str, object]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def job_words(root: Path, *extra: str) -> list[str]:
+    """`train`'s words for a multi-node job of the tiny target on CPU (targets and data written under `root`), one
+    process per node, run by this interpreter (the one with torch)."""
+    target = write_target(root / "target")
+    write_extraction(root / "data", target)
+    return [
+        "--python", sys.executable, "--env", "OMP_NUM_THREADS=1",
+        "--data", str(root / "data"), "--target", str(target), "--out", str(root / "draft"),
+        "--draft-vocab-size", "48", "--val-samples", "4", "--batch-size", "4", "--ttt", "2", *extra,
+    ]  # fmt: skip
+
+
+def worker_of(node_run: str, rank: int) -> int:
+    """The pid of the torchrun worker with global `rank` under a node's torchrun (the child of its run)."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            environ = (entry / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if f"RANK={rank}".encode() in environ and f"EAGLE3_RUN_ID={node_run}".encode() in environ:
+            return int(entry.name)
+    raise AssertionError(f"no rank {rank} worker of run {node_run}")
