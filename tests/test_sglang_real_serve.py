@@ -169,6 +169,8 @@ def test_a_real_sglang_server_on_cpu_is_ready_by_its_health_and_our_kill_ends_al
         assert phases == PHASES_CPU
         health = [e["status"] for e in run.events() if e["type"] == "health"]
         assert health[0] == "refused" and health[-1] == "ok"
+        # The status says the phase once the watch has saved it, a moment after it wrote the phase's event.
+        info = wait_for(lambda: (now := run_info(cli, run_id))["phase"] == "ready" and now)
         assert info["diagnoses"] == [] and info["phase"] == "ready"
         # The launcher, its scheduler and detokenizer (and multiprocessing's tracker); a small KV cache keeps
         # them far from the 15 GB SGLang takes by default.
