@@ -69,18 +69,27 @@ def load_target(path: Path, device: str, dtype: str) -> Any:
     return model.to(device).eval()
 
 
-def capture_batch(model: Any, batch: list[list[int]], aux_ids: list[int], pad_id: int) -> list[Captured]:
-    """Hidden states for each token sequence of `batch` (any lengths; padded on the right here)."""
+def pad_batch(batch: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(input_ids, attention_mask) [B, max length], right-padded with `pad_id`, on the CPU."""
     import torch
 
-    device = model.device
-    lengths = [len(ids) for ids in batch]
-    width = max(lengths)
+    width = max(len(ids) for ids in batch)
     input_ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
     attention_mask = torch.zeros((len(batch), width), dtype=torch.long)
     for row, ids in enumerate(batch):
         input_ids[row, : len(ids)] = torch.tensor(ids, dtype=torch.long)
         attention_mask[row, : len(ids)] = 1
+    return input_ids, attention_mask
+
+
+def forward_states(
+    model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, aux_ids: list[int]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(final hidden state [B, T, H], aux layers concatenated [B, T, len(aux_ids) * H]) on the device
+    (the last layer's device when the target is spread over GPUs). Online training uses these directly."""
+    import torch
+
+    device = model.device
     with torch.inference_mode():
         out = model.base_model(
             input_ids=input_ids.to(device),
@@ -91,12 +100,22 @@ def capture_batch(model: Any, batch: list[list[int]], aux_ids: list[int], pad_id
         # With the layers spread over GPUs (--device auto) each layer's output is on its own GPU.
         layers = [out.hidden_states[hf_hidden_state_index(i)] for i in aux_ids]
         aux = torch.cat([layer.to(layers[-1].device) for layer in layers], dim=-1)
-        # One transfer per tensor for the whole batch; per-sample slices are views of it.
-        hidden_cpu = to_host(out.last_hidden_state)
-        aux_cpu = to_host(aux)
-        for used in {out.last_hidden_state.device, aux.device}:
-            if used.type == "cuda":
-                torch.cuda.current_stream(used).synchronize()
+    return out.last_hidden_state, aux
+
+
+def capture_batch(model: Any, batch: list[list[int]], aux_ids: list[int], pad_id: int) -> list[Captured]:
+    """Hidden states for each token sequence of `batch` (any lengths; padded on the right here)."""
+    import torch
+
+    lengths = [len(ids) for ids in batch]
+    input_ids, attention_mask = pad_batch(batch, pad_id)
+    hidden, aux = forward_states(model, input_ids, attention_mask, aux_ids)
+    # One transfer per tensor for the whole batch; per-sample slices are views of it.
+    hidden_cpu = to_host(hidden)
+    aux_cpu = to_host(aux)
+    for used in {hidden.device, aux.device}:
+        if used.type == "cuda":
+            torch.cuda.current_stream(used).synchronize()
     return [Captured(hidden_cpu[row, :n], aux_cpu[row, :n]) for row, n in enumerate(lengths)]
 
 
