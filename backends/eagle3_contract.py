@@ -13,8 +13,12 @@ of layer X + 1); speculators counts inputs to layers (its id = ours + 1).
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import json
+import os
+import struct
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -91,6 +95,10 @@ class Manifest:
     # What computed the states: "hf" (transformers) or "sglang", and that package's version.
     backend: str = "hf"
     backend_version: str = ""
+    # The chats the states came from (a file's path, or "demo") and the SHA-256 of what was read of them:
+    # an online training's checkpoints record them, so that --resume refuses other data.
+    data: str = ""
+    data_sha256: str = ""
 
     @property
     def num_aux(self) -> int:
@@ -210,23 +218,104 @@ def write_shard(path: Path, samples: list[dict[str, torch.Tensor]]) -> ShardInfo
     """Write samples (each: input_ids [T], loss_mask [T], hidden_state [T,H],
     aux_hidden_states [T, n_aux*H]) as one shard, atomically."""
     import torch
-    from safetensors.torch import save_file
 
     if not samples:
         raise ContractError("a shard needs at least one sample")
     lengths = [int(s["input_ids"].shape[0]) for s in samples]
-    offsets = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int64)
-    tensors = {
-        "input_ids": torch.cat([s["input_ids"].to(torch.int64) for s in samples]),
-        "loss_mask": torch.cat([s["loss_mask"].to(torch.int8) for s in samples]),
-        "hidden_state": torch.cat([s["hidden_state"] for s in samples]).contiguous(),
-        "aux_hidden_states": torch.cat([s["aux_hidden_states"] for s in samples]).contiguous(),
-        "sample_offsets": offsets,
-    }
-    tmp = path.with_name(f".{path.name}.tmp")
-    save_file(tensors, str(tmp))
-    tmp.replace(path)
+    write_safetensors(
+        path,
+        {
+            "input_ids": [s["input_ids"].to(torch.int64) for s in samples],
+            "loss_mask": [s["loss_mask"].to(torch.int8) for s in samples],
+            "hidden_state": [s["hidden_state"] for s in samples],
+            "aux_hidden_states": [s["aux_hidden_states"] for s in samples],
+            "sample_offsets": [torch.tensor(list(itertools.accumulate(lengths, initial=0)), dtype=torch.int64)],
+        },
+    )
     return ShardInfo(file=path.name, samples=len(samples), tokens=sum(lengths))
+
+
+# safetensors' name of each dtype a shard may hold, and its rank: the library stores tensors by rank,
+# highest first, then by name (its Dtype enum's order), which this writer follows byte for byte.
+SAFETENSORS_DTYPES: dict[str, tuple[str, int]] = {
+    "bool": ("BOOL", 0),
+    "uint8": ("U8", 1),
+    "int8": ("I8", 2),
+    "int16": ("I16", 3),
+    "float16": ("F16", 4),
+    "bfloat16": ("BF16", 5),
+    "int32": ("I32", 6),
+    "float32": ("F32", 7),
+    "float64": ("F64", 8),
+    "int64": ("I64", 9),
+}
+# Hash and write in pieces that stay in the CPU's cache between the two passes.
+WRITE_CHUNK = 8 << 20
+
+
+def write_safetensors(path: Path, tensors: Mapping[str, Sequence[torch.Tensor]]) -> tuple[int, str]:
+    """Write a safetensors file, each tensor the concatenation of its pieces along the first dimension, and
+    return (its size in bytes, the SHA-256 of its bytes), hashed as they are written.
+
+    The bytes are those safetensors' `save_file` writes for the concatenated tensors, without building
+    them: the header, then each piece straight from its memory in large writes. Atomic and durable (a
+    temporary file, fsync, rename): a shard recorded as finished is on the disk.
+    """
+    entries: list[tuple[int, str, str, list[int], Sequence[torch.Tensor]]] = []
+    for name, pieces in tensors.items():
+        if not pieces:
+            raise ContractError(f"{name}: no tensor to write")
+        first = pieces[0]
+        kind = SAFETENSORS_DTYPES.get(str(first.dtype).removeprefix("torch."))
+        if kind is None:
+            raise ContractError(f"{name}: safetensors shards do not hold {first.dtype}")
+        if len(pieces) > 1 and any(
+            p.dtype != first.dtype or p.dim() == 0 or p.shape[1:] != first.shape[1:] for p in pieces
+        ):
+            raise ContractError(f"{name}: pieces differ in dtype or in all but their first dimension")
+        shape = [sum(int(p.shape[0]) for p in pieces), *first.shape[1:]] if first.dim() else []
+        entries.append((kind[1], name, kind[0], shape, pieces))
+    entries.sort(key=lambda entry: (-entry[0], entry[1]))
+    header: dict[str, object] = {}
+    offset = 0
+    for _, name, dtype, shape, pieces in entries:
+        nbytes = sum(p.numel() * p.element_size() for p in pieces)
+        header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [offset, offset + nbytes]}
+        offset += nbytes
+    text = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode()
+    text += b" " * (-len(text) % 8)
+    prefix = memoryview(struct.pack("<Q", len(text)) + text)
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        with open(tmp, "wb", buffering=0) as fh:
+            sha256 = _write_hashed(fh.fileno(), [prefix, *(_raw_bytes(p) for *_, pieces in entries for p in pieces)])
+            os.fsync(fh.fileno())
+        tmp.replace(path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return len(prefix) + offset, sha256
+
+
+def _raw_bytes(tensor: torch.Tensor) -> memoryview:
+    """The tensor's bytes in row-major order, without a copy when it is a contiguous CPU tensor."""
+    import torch
+
+    flat = tensor.detach().reshape(-1).cpu()
+    return flat.view(torch.uint8).numpy().data
+
+
+def _write_hashed(fd: int, parts: list[memoryview]) -> str:
+    """Write `parts` one after the other to `fd`; the hex SHA-256 of what was written."""
+    digest = hashlib.sha256()
+    for data in parts:
+        # hashlib and write(2) both release the GIL on buffers this large, so writer threads run in parallel.
+        for start in range(0, len(data), WRITE_CHUNK):
+            chunk = data[start : start + WRITE_CHUNK]
+            digest.update(chunk)
+            while chunk:
+                chunk = chunk[os.write(fd, chunk) :]
+    return digest.hexdigest()
 
 
 def read_shard(path: Path) -> list[dict[str, torch.Tensor]]:

@@ -20,7 +20,6 @@ from backends.eagle3_contract import SGLANG_DRAFT_ARCHITECTURE, SGLANG_DRAFT_WEI
 from backends.train import checkpoint, distributed
 from backends.train.__main__ import main
 from backends.train.attention import eager_ttt_attention, flex_ttt_attention, ttt_block_mask
-from backends.train.data import background, val_batches
 from backends.train.loop import prepare
 from backends.train.loss import simulated_accept_length, ttt_loss
 from backends.train.metrics import plateaued
@@ -151,7 +150,7 @@ def test_a_checkpoint_reloads_into_the_trainer_with_identical_outputs(
     )
     run = prepare(options, distributed.init())
     assert run.trainer.progress.step == TRAIN_STEPS
-    evaluated = run.trainer.evaluate(background(val_batches(run.reader, run.split, run.layout)))
+    evaluated = run.trainer.evaluate(run.source.val_batches(run.layout))
     logged = trained["eval"][-1]
     for key, value in evaluated.items():
         assert value == pytest.approx(logged[key], rel=1e-6, abs=1e-7), key

@@ -12,6 +12,7 @@ from backends.doctor.reading import read_data, read_draft, read_target
 from backends.doctor.rule_context import Context
 from backends.doctor.rules import release_rules, version_independent_rules
 from backends.doctor.versions import Installed, merge_per_release, versions_to_check
+from backends.eagle3_contract import MANIFEST
 from backends.protocol import DoctorResult, Finding
 from backends.sglang import facts
 
@@ -80,6 +81,8 @@ def _diagnose(
     if target_path is not None:
         target, problems = read_target(target_path)
         findings += problems
+    if data is None and (draft / MANIFEST).is_file():
+        data = draft  # the data contract a checkpoint of ours carries (online training has no extraction folder)
     if data is not None:
         manifest, problems = read_data(data)
         findings += problems

@@ -8,10 +8,17 @@ from pathlib import Path
 from typing import NoReturn
 
 from backends.eagle3_contract import DEFAULT_DRAFT_VOCAB
+from backends.extract.args import layer_list
 
 PROG = "python -m backends.train"
-DESCRIPTION = "Train an EAGLE-3 draft on extracted hidden states."
-EPILOG = "Several GPUs: torchrun --nproc-per-node N -m backends.train ... (DDP; FSDP for large drafts)."
+DESCRIPTION = (
+    "Train an EAGLE-3 draft on extracted hidden states, or --online: on the states the target computes "
+    "beside the draft, batch by batch, with nothing written to disk."
+)
+EPILOG = (
+    "Several GPUs: torchrun --nproc-per-node N -m backends.train ... (the draft data-parallel: DDP, FSDP for "
+    "large drafts; online, the target replicated on every GPU or tensor-parallel over them: --target-placement)."
+)
 
 
 class Parser(argparse.ArgumentParser):
@@ -20,7 +27,12 @@ class Parser(argparse.ArgumentParser):
 
 
 def add_arguments(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
-    p.add_argument("--data", type=Path, required=True, help="extraction folder (manifest.json + shards)")
+    p.add_argument(
+        "--data",
+        type=Path,
+        required=True,
+        help="extraction folder (manifest.json + shards); with --online, a JSONL file of chats or demo",
+    )
     p.add_argument("--target", type=Path, required=True, help="the target model folder the data came from")
     p.add_argument("--out", type=Path, required=True, help="checkpoints go to OUT/step-N/ and OUT/final/")
     p.add_argument("--steps", type=int, help="optimizer steps (default: --epochs over the training split)")
@@ -36,7 +48,7 @@ def add_arguments(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
     p.add_argument("--max-grad-norm", type=float, default=0.5, help="gradient clipping norm (default 0.5)")
     p.add_argument("--draft-vocab-size", type=int, default=DEFAULT_DRAFT_VOCAB, help="default 32000")
     p.add_argument("--val-samples", type=int, help="held-out samples (default 5%%, 1..1000); 0: no evaluation")
-    p.add_argument("--max-length", type=int, help="truncate samples to this many tokens")
+    p.add_argument("--max-length", type=int, help="truncate samples to this many tokens (--online: default 2048)")
     p.add_argument("--seed", type=int, default=0, help="seed of the draft's initialisation and the data order")
     p.add_argument(
         "--compile",
@@ -49,6 +61,22 @@ def add_arguments(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
     p.add_argument("--draft-config", type=Path, help="a SGLang/SpecForge draft config.json to train")
     p.add_argument(
         "--threads", type=int, help="CPU threads per process when training on the CPU (default: the idle CPUs)"
+    )
+    online = p.add_argument_group("online training") if isinstance(p, argparse.ArgumentParser) else p
+    online.add_argument(
+        "--online",
+        action="store_true",
+        help="run the target in this job and train on its hidden states as they are computed (no extraction)",
+    )
+    online.add_argument("--layers", type=layer_list, help="--online: aux layer ids (default: 1, L//2-1, L-4)")
+    online.add_argument("--chat-template", type=Path, help="--online: jinja chat template (default: the tokenizer's)")
+    online.add_argument("--limit", type=int, help="--online: use only the first N usable chats")
+    online.add_argument(
+        "--target-placement",
+        choices=("auto", "replicate", "tp"),
+        default="auto",
+        help="--online under torchrun: a whole target on every GPU, or tensor-parallel over all of them "
+        "(auto: tp when the target takes more than a third of a GPU)",
     )
     p.add_argument("--plateau-evals", type=int, default=5, help="evaluations without a 0.5%% gain that flag a plateau")
 

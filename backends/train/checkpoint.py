@@ -5,6 +5,9 @@
         model.safetensors    midlayer.*, fc, norm, lm_head, d2t, t2d (no embedding); float32
         training_state.pt    optimizer, scheduler, step, epoch, data position, RNG, eval history
         checkpoint.json      {"step": N, "epoch": E}: which step this is, without unpickling
+        manifest.json        the data contract it was trained on (aux ids, target, tokenizer, chat template,
+                             data hash): the extraction's manifest, or what an online training would have
+                             extracted; doctor reads it when no --data is given
 
 A checkpoint is written into a hidden temporary folder and renamed into place,
 so a reader (SGLang, `--resume`, the console) never sees half of one. Weights
@@ -23,7 +26,7 @@ from typing import Any
 
 import torch
 
-from backends.eagle3_contract import SGLANG_DRAFT_WEIGHTS
+from backends.eagle3_contract import MANIFEST, SGLANG_DRAFT_WEIGHTS
 from backends.train.errors import TrainError
 
 CONFIG = "config.json"
@@ -52,6 +55,7 @@ def save_checkpoint(
     weights: dict[str, torch.Tensor],
     config: dict[str, Any],
     training_state: dict[str, Any],
+    manifest: dict[str, Any] | None = None,
 ) -> Path:
     """Write OUT/name atomically (replacing an older one of that name) and return its path."""
     from safetensors.torch import save_file
@@ -69,6 +73,8 @@ def save_checkpoint(
     torch.save(training_state, tmp / TRAINING_STATE)
     marker = {"step": training_state["step"], "epoch": training_state["epoch"]}
     (tmp / MARKER).write_text(json.dumps(marker) + "\n")
+    if manifest is not None:
+        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
     for file in tmp.iterdir():
         _fsync(file)
     old = out / f".{name}.old-{os.getpid()}"

@@ -16,22 +16,14 @@ import torch
 from backends.eagle3_contract import Manifest, read_manifest
 from backends.host import cpus
 from backends.protocol import Metric, MetricRow
-from backends.train import checkpoint, distributed
+from backends.train import checkpoint, distributed, online
 from backends.train.config import DraftConfig, check_draft, check_target
-from backends.train.data import (
-    Layout,
-    ShardReader,
-    Split,
-    background,
-    default_val_samples,
-    split_samples,
-    train_batches,
-    val_batches,
-)
+from backends.train.data import Layout, ShardReader, default_val_samples, split_samples
 from backends.train.errors import TrainError, TrainingFailed
 from backends.train.metrics import MetricsWriter, eval_line, plateaued, train_line
 from backends.train.model import Eagle3Draft
 from backends.train.options import TrainOptions
+from backends.train.sources import ShardSource, Source
 from backends.train.target import TargetConfig, Teacher, load_target_matrices, read_target_config
 from backends.train.trainer import Trainer, build_draft
 from backends.train.vocab import VocabMap, build_vocab_map, token_frequencies
@@ -68,13 +60,15 @@ class Run:
 
     options: TrainOptions
     ctx: distributed.Dist
-    manifest: Manifest
-    split: Split
-    reader: ShardReader
+    source: Source
     trainer: Trainer
     vocab: VocabMap
     resumed_from: Path | None
     threads: str  # the CPU threads per process and why ("" on a GPU)
+
+    @property
+    def manifest(self) -> Manifest:
+        return self.source.manifest
 
     @property
     def layout(self) -> Layout:
@@ -82,30 +76,47 @@ class Run:
         return Layout(self.options.batch_size, self.ctx.world, self.ctx.rank, pad, self.options.max_length)
 
 
+def held_out(options: TrainOptions, total_samples: int) -> int:
+    if total_samples < 2:
+        raise TrainError(f"the data holds {total_samples} sample(s); training needs at least 2")
+    return options.val_samples if options.val_samples is not None else default_val_samples(total_samples)
+
+
+def open_shards(options: TrainOptions) -> ShardSource:
+    manifest = read_manifest(options.data)
+    split = split_samples(manifest, held_out(options, sum(s.samples for s in manifest.shards)))
+    return ShardSource(manifest, ShardReader(options.data, manifest), split)
+
+
+def open_online(options: TrainOptions, target_cfg: TargetConfig) -> online.OnlineSource:
+    chat_tokenizer, samples, *data = online.load_chats(options)
+    manifest = online.online_manifest(options, target_cfg, chat_tokenizer, samples, (data[0], data[1]))
+    tokenizer = chat_tokenizer.tokenizer
+    pad_id = next(i for i in (tokenizer.pad_token_id, tokenizer.eos_token_id, 0) if i is not None)
+    return online.OnlineSource(manifest, samples, held_out(options, len(samples)), pad_id)
+
+
 def prepare(options: TrainOptions, ctx: distributed.Dist) -> Run:
     """Read and check everything; build the draft, optimizer and schedule (restored with --resume)."""
     options.validate()
     threads = use_cpu_threads(options, ctx)
-    manifest = read_manifest(options.data)
     target_cfg = read_target_config(options.target)
-    check_target(manifest, target_cfg)
     latest = checkpoint.latest_checkpoint(options.out)
     if latest is not None and not options.resume:
         raise TrainError(f"{latest} already exists: pass --resume to continue that run, or choose another --out")
+    source: Source = open_online(options, target_cfg) if options.online else open_shards(options)
+    manifest = source.manifest
+    check_target(manifest, target_cfg)
+    if latest is not None:
+        online.check_same_data(latest, manifest)
     config = draft_config_for(options, manifest, latest, target_cfg)
-    total_samples = sum(s.samples for s in manifest.shards)
-    if total_samples < 2:
-        raise TrainError(f"the data holds {total_samples} sample(s); training needs at least 2")
-    val = options.val_samples if options.val_samples is not None else default_val_samples(total_samples)
-    split = split_samples(manifest, val)
     global_batch = options.batch_size * ctx.world
-    if split.train_samples < global_batch:
+    if source.train_samples < global_batch:
         raise TrainError(
-            f"{split.train_samples} training samples cannot fill one batch of {global_batch} "
+            f"{source.train_samples} training samples cannot fill one batch of {global_batch} "
             f"(--batch-size {options.batch_size} x {ctx.world} processes)"
         )
-    reader = ShardReader(options.data, manifest)
-    total_steps = options.steps or options.epochs * (split.train_samples // global_batch)
+    total_steps = options.steps or options.epochs * (source.train_samples // global_batch)
     embed, lm_head = load_target_matrices(options.target, target_cfg)
     compute_dtype = torch.bfloat16 if ctx.device.type == "cuda" else torch.float32
     if latest is not None:
@@ -114,16 +125,20 @@ def prepare(options: TrainOptions, ctx: distributed.Dist) -> Run:
         draft = Eagle3Draft(config, embed_dtype=compute_dtype)
         draft.load_state_dict({**weights, "embed_tokens.weight": embed.to(compute_dtype)}, strict=True)
     else:
-        counts = token_frequencies(reader.token_streams(split.train), manifest.vocab_size)
+        counts = token_frequencies(source.token_streams(), manifest.vocab_size)
         vocab = build_vocab_map(counts, config.draft_vocab_size)
         draft = build_draft(config, embed.to(compute_dtype), lm_head, vocab, compute_dtype, options.seed)
     trainable = sum(p.numel() for p in draft.parameters() if p.requires_grad)
     fsdp = distributed.use_fsdp(options.fsdp, ctx.world, trainable)
     teacher = Teacher(lm_head.to(ctx.device, compute_dtype), vocab.draft_ids, vocab.t2d)
     trainer = Trainer(draft, teacher, ctx, options, total_steps, fsdp=fsdp)
+    trainer.manifest = manifest
     if latest is not None:
         trainer.restore(checkpoint.load_training_state(latest))
-    return Run(options, ctx, manifest, split, reader, trainer, vocab, latest, threads)
+    if isinstance(source, online.OnlineSource):
+        placement = online.choose_placement(options.target_placement, ctx, options.target)
+        source.attach(online.load_target_model(options.target, ctx, placement), placement, ctx)
+    return Run(options, ctx, source, trainer, vocab, latest, threads)
 
 
 def use_cpu_threads(options: TrainOptions, ctx: distributed.Dist) -> str:
@@ -141,8 +156,8 @@ def describe(run: Run) -> str:
     start = f"resuming {run.resumed_from} at step {t.progress.step}" if run.resumed_from else "starting at step 0"
     seen = f" ({run.vocab.distinct} distinct loss tokens in the data)" if run.vocab.distinct is not None else ""
     return (
-        f"eagle3 train: {run.split.train_samples} train / {run.split.val_samples} val samples "
-        f"({len(run.manifest.shards)} shards), aux layers {list(cfg.aux_layer_ids)}, "
+        f"eagle3 train: {run.source.train_samples} train / {run.source.val_samples} val samples "
+        f"({run.source.describe()}), aux layers {list(cfg.aux_layer_ids)}, "
         f"draft vocab {cfg.draft_vocab_size}{seen}, "
         f"{trainable:,} trainable parameters; {t.total_steps} steps x batch {o.batch_size} x "
         f"{run.ctx.world} process(es) on {run.ctx.device}, TTT {o.ttt}, attention {t.attention}, "
@@ -217,11 +232,11 @@ class Logger:
 
 
 def evaluate(run: Run, logger: Logger) -> None:
-    if run.split.val_samples == 0:
+    if run.source.val_samples == 0:
         return
     t = run.trainer
     row: MetricRow = {Metric.STEP: t.progress.step, Metric.EPOCH: t.progress.epoch}
-    row.update(t.evaluate(background(val_batches(run.reader, run.split, run.layout))))
+    row.update(t.evaluate(run.source.val_batches(run.layout)))
     t.progress.val_history.append(row[Metric.VAL_LOSS])
     row[Metric.PLATEAU] = plateaued(t.progress.val_history, run.options.plateau_evals)
     logger.write(row, eval_line(row, run.options.ttt))
@@ -245,7 +260,7 @@ def train(run: Run) -> None:
     layout = run.layout
     try:
         while p.step < t.total_steps:
-            batches = background(train_batches(run.reader, run.split, layout, p.epoch, o.seed, p.samples_in_epoch))
+            batches = run.source.train_batches(layout, p.epoch, o.seed, p.samples_in_epoch)
             with contextlib.closing(batches):
                 for batch in batches:
                     lr = t.optimizer.param_groups[0]["lr"]

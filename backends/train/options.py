@@ -37,6 +37,11 @@ class TrainOptions:
     draft_config: Path | None = None
     plateau_evals: int = 5
     threads: int | None = None  # None: on the CPU, the idle CPUs (backends.host.cpus)
+    online: bool = False
+    layers: list[int] | None = None  # --online: aux ids (None: the default set)
+    chat_template: Path | None = None
+    limit: int | None = None
+    target_placement: str = "auto"
 
     def validate(self) -> None:
         positive = {
@@ -55,6 +60,8 @@ class TrainOptions:
             positive["--pad-multiple"] = self.pad_multiple
         if self.threads is not None:
             positive["--threads"] = self.threads
+        if self.limit is not None:
+            positive["--limit"] = self.limit
         for flag, value in positive.items():
             if value < 1:
                 raise TrainError(f"{flag} must be at least 1, not {value}")
@@ -67,5 +74,9 @@ class TrainOptions:
             raise TrainError(f"--warmup-ratio must be in [0, 1), not {self.warmup_ratio}")
         if self.val_samples is not None and self.val_samples < 0:
             raise TrainError(f"--val-samples must be 0 or more, not {self.val_samples}")
+        online_only = {"--layers": self.layers, "--chat-template": self.chat_template, "--limit": self.limit}
+        given = [flag for flag, value in online_only.items() if value is not None]
+        if given and not self.online:
+            raise TrainError(f"{', '.join(given)} go with --online (offline, the extraction chose them)")
         if self.out.exists() and not self.out.is_dir():
             raise TrainError(f"--out {self.out} exists and is not a folder")

@@ -13,6 +13,7 @@ import torch
 from torch import nn
 from torch.nn.attention.flex_attention import BlockMask
 
+from backends.eagle3_contract import Manifest
 from backends.protocol import Metric, MetricRow
 from backends.train import checkpoint, distributed
 from backends.train.attention import ttt_block_mask
@@ -124,6 +125,8 @@ class Trainer:
         self.warmup = warmup_steps(total_steps, options.warmup_ratio)
         self.scheduler = warmup_cosine(self.optimizer, self.warmup, total_steps)
         self.progress = Progress()
+        # The data contract every checkpoint carries (manifest.json), so doctor and --resume can check against it.
+        self.manifest: Manifest | None = None
         self.forward_loss: Callable[..., tuple[torch.Tensor, ...]] = self._forward_loss
         if self.cuda or self.compiled:
             torch._dynamo.config.recompile_limit = RECOMPILE_LIMIT
@@ -237,7 +240,8 @@ class Trainer:
                 "batch_size": self.options.batch_size,
                 "seed": self.options.seed,
             }
-            path = checkpoint.save_checkpoint(out, name, weights, self.config.to_json(), state)
+            manifest = self.manifest.to_json() if self.manifest is not None else None
+            path = checkpoint.save_checkpoint(out, name, weights, self.config.to_json(), state, manifest)
         distributed.barrier()
         return path
 

@@ -1,0 +1,305 @@
+"""Online training: the target runs in the training job and hands the draft its hidden states batch by batch.
+
+Nothing touches the disk: for a 70B target the aux and final states are about 64 KB a token (terabytes for a
+corpus) where the chats are megabytes. The chats are tokenized once, at the start, with the target's chat
+template exactly as the extraction does (same loss mask, same truncation); the last `val` samples are held
+out; an epoch's order is a seeded shuffle, so a resumed run skips what it consumed from (epoch, samples in
+epoch) alone. The manifest the checkpoints carry records the data's hash, and a resume on other data is
+refused.
+
+Placement under torchrun (one process per GPU; the draft is data-parallel as offline, DDP or FSDP):
+- `replicate`: every process holds the whole target and runs it on its own rows: no traffic, but the target
+  must fit on one GPU beside the draft;
+- `tp`: the target is tensor-parallel over all the processes (transformers' tp_plan "auto": each holds 1/N
+  of its weights). Every process runs it on the whole global batch, which each one knows (the order is a
+  function of the seed), and keeps its own rows: the same FLOPs per GPU as `replicate`, plus the
+  all-reduces, for 1/N of the memory.
+`auto` takes `tp` when the target's weights exceed a third of one GPU's memory.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import time
+from collections.abc import Generator, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from backends.eagle3_contract import MANIFEST, ContractError, Manifest
+from backends.extract import capture
+from backends.extract.cli import NO_ASSISTANT_TOKEN, UsageError, choose_layers
+from backends.extract.data import DEMO, DataError, load_dataset
+from backends.extract.template import ChatTokenizer, TemplateError
+from backends.train.data import Batch, Layout, Span, epoch_order, skip_samples
+from backends.train.distributed import Dist
+from backends.train.errors import TrainError, TrainingFailed
+from backends.train.options import TrainOptions
+from backends.train.target import TargetConfig
+
+DEFAULT_MAX_LENGTH = 2048
+# `auto` shards the target once its weights pass this share of one GPU's memory.
+REPLICATE_SHARE = 1 / 3
+
+
+@dataclass
+class Samples:
+    """The tokenized chats, flat (a corpus of Python int lists would take gigabytes): sample i is
+    ids[offsets[i]:offsets[i + 1]]."""
+
+    ids: torch.Tensor  # int32
+    loss_mask: torch.Tensor  # int8
+    offsets: list[int]
+    dropped: dict[str, int] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    def get(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        start, end = self.offsets[i], self.offsets[i + 1]
+        return self.ids[start:end], self.loss_mask[start:end]
+
+
+def tokenize(chat_tokenizer: ChatTokenizer, chats: list[list[dict[str, str]]], max_length: int) -> Samples:
+    """The chats that keep an assistant token within `max_length`, and counts of the others by reason."""
+    ids: list[int] = []
+    mask: list[int] = []
+    offsets = [0]
+    dropped: dict[str, int] = {}
+    for chat in chats:
+        try:
+            sample = chat_tokenizer.tokenize(chat, max_length)
+        except TemplateError as exc:
+            reason = str(exc).splitlines()[0]
+            dropped[reason] = dropped.get(reason, 0) + 1
+            continue
+        if not any(sample.loss_mask):
+            dropped[NO_ASSISTANT_TOKEN] = dropped.get(NO_ASSISTANT_TOKEN, 0) + 1
+            continue
+        ids += sample.input_ids
+        mask += sample.loss_mask
+        offsets.append(len(ids))
+    return Samples(torch.tensor(ids, dtype=torch.int32), torch.tensor(mask, dtype=torch.int8), offsets, dropped)
+
+
+def load_chats(options: TrainOptions) -> tuple[ChatTokenizer, Samples, str, str]:
+    """(the chat tokenizer, the samples, the data's name, its SHA-256), or TrainError."""
+    from transformers import AutoTokenizer
+
+    spec = str(options.data)
+    if spec != DEMO and not options.data.is_file():
+        raise TrainError(f"--data {spec}: no such file (with --online, a JSONL file of chats, or demo)")
+    template = None
+    if options.chat_template is not None:
+        try:
+            template = options.chat_template.read_text()
+        except OSError as exc:
+            raise TrainError(f"--chat-template {options.chat_template}: {exc.strerror or exc}") from None
+    try:
+        chat_tokenizer = ChatTokenizer(AutoTokenizer.from_pretrained(options.target), template)
+    except TemplateError as exc:
+        raise TrainError(str(exc)) from None
+    except (OSError, ValueError) as exc:
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise TrainError(f"cannot load the tokenizer of {options.target}: {first}") from None
+    try:
+        dataset = load_dataset(spec, options.limit)
+    except DataError as exc:
+        raise TrainingFailed(str(exc)) from None
+    if dataset.skipped:
+        print(f"data: {dataset.skip_summary()}", flush=True)
+    started = time.perf_counter()
+    samples = tokenize(chat_tokenizer, dataset.chats, options.max_length or DEFAULT_MAX_LENGTH)
+    dropped = ", ".join(f"{count} {reason}" for reason, count in samples.dropped.items())
+    print(
+        f"data: {len(samples)} of {len(dataset.chats)} chats from {dataset.source} tokenized "
+        f"({len(samples.ids):,} tokens, {time.perf_counter() - started:.1f} s)"
+        + (f"; dropped {dropped}" if dropped else ""),
+        flush=True,
+    )
+    name = DEMO if spec == DEMO else str(options.data.resolve())
+    return chat_tokenizer, samples, name, dataset.sha256
+
+
+def online_manifest(
+    options: TrainOptions, target: TargetConfig, chat_tokenizer: ChatTokenizer, samples: Samples, data: tuple[str, str]
+) -> Manifest:
+    """The contract an extraction would have written for these chats: the checkpoints carry it, and doctor
+    checks an online-trained draft against it as against an extraction's."""
+    try:
+        aux_ids = choose_layers(options.layers, target.num_layers)
+    except UsageError as exc:
+        raise TrainError(str(exc)) from None
+    manifest = Manifest(
+        target_path=str(options.target.resolve()),
+        architecture=target.architecture,
+        num_layers=target.num_layers,
+        hidden_size=target.hidden_size,
+        vocab_size=target.vocab_size,
+        dtype=capture.resolve_dtype("auto", "cuda" if torch.cuda.is_available() else "cpu"),
+        aux_layer_ids=aux_ids,
+        tokenizer=str(options.target.resolve()),
+        chat_template=chat_tokenizer.template,
+        max_length=options.max_length or DEFAULT_MAX_LENGTH,
+        samples=len(samples),
+        tokens=len(samples.ids),
+        backend="hf",
+        backend_version=importlib.metadata.version("transformers"),
+        data=data[0],
+        data_sha256=data[1],
+    )
+    try:
+        manifest.validate()
+    except ContractError as exc:
+        raise TrainError(str(exc)) from None
+    return manifest
+
+
+def check_same_data(checkpoint: Path, manifest: Manifest) -> None:
+    """A resume continues the data position of `checkpoint`'s run: refuse data or layers other than its own."""
+    import json
+
+    try:
+        recorded = json.loads((checkpoint / MANIFEST).read_bytes())
+    except FileNotFoundError:
+        return  # a checkpoint from before checkpoints carried their manifest
+    except (OSError, ValueError) as exc:
+        raise TrainError(f"{checkpoint / MANIFEST} cannot be read: {exc}") from None
+    changes = [
+        f"{name} {recorded.get(name)!r} -> {now!r}"
+        for name, now in (
+            ("data_sha256", manifest.data_sha256),
+            ("content_hash", manifest.content_hash),
+            ("aux_layer_ids", manifest.aux_layer_ids),
+            ("max_length", manifest.max_length),
+        )
+        if recorded.get(name, now) != now
+    ]
+    if changes:
+        raise TrainError(
+            f"{checkpoint} was trained on other data ({', '.join(changes)}): resume with the same --data and "
+            "settings, or choose another --out"
+        )
+
+
+def choose_placement(requested: str, ctx: Dist, target: Path) -> str:
+    if ctx.world == 1 or requested != "auto":
+        return "replicate" if ctx.world == 1 else requested
+    if ctx.device.type != "cuda":
+        return "replicate"
+    weights = sum(f.stat().st_size for f in target.glob("*.safetensors"))
+    memory = torch.cuda.get_device_properties(ctx.device).total_memory
+    return "tp" if weights > memory * REPLICATE_SHARE else "replicate"
+
+
+def load_target_model(path: Path, ctx: Dist, placement: str) -> Any:
+    """The target in eval mode: whole on this process's device, or tensor-parallel over every process."""
+    from safetensors import SafetensorError
+    from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
+
+    dtype = capture.resolve_dtype("auto", ctx.device.type)
+    # The run's log is read by people and the console, not redrawn in a terminal.
+    hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
+    try:
+        if placement == "tp":
+            try:
+                from transformers.distributed.configuration_utils import DistributedConfig
+
+                parallel: dict[str, Any] = {"distributed_config": DistributedConfig(tp_plan="auto")}
+            except (ImportError, TypeError):  # transformers before DistributedConfig took the plan
+                parallel = {"tp_plan": "auto"}
+            model: Any = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype), **parallel)
+        else:
+            model = capture.load_target(path, str(ctx.device), dtype)
+    except (OSError, ValueError, RuntimeError, SafetensorError) as exc:
+        advice = "; try --target-placement replicate" if placement == "tp" else ""
+        raise TrainingFailed(f"cannot load the target from {path} ({placement}): {exc}{advice}") from None
+    model.requires_grad_(False)
+    return model.eval()
+
+
+class OnlineSource:
+    """Batches whose hidden states the target computes as they are needed, on the training device."""
+
+    def __init__(self, manifest: Manifest, samples: Samples, val_samples: int, pad_id: int) -> None:
+        if not 0 <= val_samples < len(samples):
+            raise TrainError(f"cannot hold out {val_samples} of {len(samples)} samples for validation")
+        self.manifest = manifest
+        self.samples = samples
+        self.first_val = len(samples) - val_samples
+        self.pad_id = pad_id
+        self.model: Any = None
+        self.placement = "replicate"
+        self.ctx: Dist | None = None
+
+    @property
+    def train_samples(self) -> int:
+        return self.first_val
+
+    @property
+    def val_samples(self) -> int:
+        return len(self.samples) - self.first_val
+
+    def attach(self, model: Any, placement: str, ctx: Dist) -> None:
+        self.model, self.placement, self.ctx = model, placement, ctx
+
+    def describe(self) -> str:
+        return f"online from {self.manifest.data}, target {self.placement}"
+
+    def token_streams(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        for i in range(self.first_val):
+            yield self.samples.get(i)
+
+    def train_batches(self, layout: Layout, epoch: int, seed: int, skip: int) -> Generator[Batch, None, None]:
+        order = skip_samples(epoch_order([Span(0, 0, self.first_val)], epoch, seed), skip)
+        indices = [i for _, group in order for i in group]
+        for start in range(0, len(indices) - layout.global_batch + 1, layout.global_batch):
+            group = indices[start : start + layout.global_batch]
+            ranks = [
+                [(i, True) for i in group[r * layout.batch_size : (r + 1) * layout.batch_size]]
+                for r in range(layout.world)
+            ]
+            yield self._batch(ranks, layout)
+
+    def val_batches(self, layout: Layout) -> Generator[Batch, None, None]:
+        """Every world-th held-out sample per process (as offline); a process one short adds a copy that counts
+        no loss tokens, so that all run the target (and, under FSDP, the draft) as often."""
+        held = list(range(self.first_val, len(self.samples)))
+        share = -(-len(held) // layout.world)
+        ranks = []
+        for r in range(layout.world):
+            mine = [(i, True) for i in held[r :: layout.world]]
+            ranks.append(mine + [(held[-1], False)] * (share - len(mine)))
+        for start in range(0, share, layout.batch_size):
+            yield self._batch([rows[start : start + layout.batch_size] for rows in ranks], layout)
+
+    def _batch(self, ranks: list[list[tuple[int, bool]]], layout: Layout) -> Batch:
+        """This process's rows of one step; under `tp` the target runs on every process's rows."""
+        mine = ranks[layout.rank]
+        rows = [row for r in ranks for row in r] if self.placement == "tp" else mine
+        first = sum(len(r) for r in ranks[: layout.rank]) if self.placement == "tp" else 0
+        pairs = [self.samples.get(i) for i, _ in rows]
+        lengths = [len(ids) for ids, _ in pairs]
+        width = -(-max(lengths) // layout.pad_multiple) * layout.pad_multiple
+        input_ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
+        loss_mask = torch.zeros((len(rows), width), dtype=torch.bool)
+        for n, ((ids, mask), (_, counts)) in enumerate(zip(pairs, rows, strict=True)):
+            input_ids[n, : len(ids)] = ids
+            loss_mask[n, : len(ids)] = mask.bool() & counts
+        attention = torch.arange(width).unsqueeze(0) < torch.tensor(lengths).unsqueeze(1)
+        hidden, aux = capture.forward_states(self.model, input_ids, attention.long(), self.manifest.aux_layer_ids)
+        own = slice(first, first + len(mine))
+        if self.ctx is None:
+            raise RuntimeError("OnlineSource.attach() the target before asking for batches")
+        keep = attention[own].to(self.ctx.device).unsqueeze(-1)
+        # Outside inference mode, so that the draft may save them for its backward; zeros on padding as offline.
+        return Batch(
+            input_ids=input_ids[own],
+            loss_mask=loss_mask[own],
+            attention_mask=attention[own],
+            hidden_state=hidden[own].to(self.ctx.device) * keep,
+            aux_hidden_states=aux[own].to(self.ctx.device) * keep,
+        )
