@@ -33,7 +33,12 @@ def add_arguments(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
         required=True,
         help="extraction folder (manifest.json + shards); with --online, a JSONL file of chats or demo",
     )
-    p.add_argument("--target", type=Path, required=True, help="the target model folder the data came from")
+    p.add_argument(
+        "--target",
+        type=Path,
+        required=True,
+        help="the target model folder (the data came from it; --online: it runs here)",
+    )
     p.add_argument("--out", type=Path, required=True, help="checkpoints go to OUT/step-N/ and OUT/final/")
     p.add_argument("--steps", type=int, help="optimizer steps (default: --epochs over the training split)")
     p.add_argument("--epochs", type=int, default=1, help="epochs when --steps is not given (default 1)")

@@ -1,0 +1,159 @@
+"""Online training against offline: tokens/s of the target's forward pass, of the trainer on ready states, and of
+both in one job as `--online` runs them (run on the lent H200).
+
+    PYTHONPATH=. python -m benchmarks.online_throughput            # Llama-3.1-8B target and draft, bf16
+    PYTHONPATH=. python -m benchmarks.online_throughput --tiny     # CPU smoke run
+
+The target is a random Llama-3.1-8B (32 layers, hidden 4096, MLP 14336, 32 / 8 heads, vocabulary 128,256;
+8.0 B parameters) built in GPU memory; the draft, its trainer (compiled unless --no-compile) and the teacher
+are `benchmarks.train_throughput`'s. Batches of --batch-size x --seq random tokens come from
+`backends.train.online.OnlineSource` (the code `--online` runs), one process, the target replicated beside the
+draft. Timed, each after --warmup steps, over --steps steps:
+1. `forward`: OnlineSource batches alone (target forward with every hidden state, aux concat, padding mask);
+2. `offline`: the trainer's step on ready batches (what training from an extraction's shards costs, the
+   shards' reading aside);
+3. `online`: both, as the training loop runs them.
+`offline, both stages` is the rate of extracting and then training the same tokens once each, 1 / (1/forward
++ 1/offline), with the forward pass as the extraction's upper bound (no disk): online should equal it, without
+the shards (about 64 KB a token for a 70B target, 2 x 4 x 4096 x 2 = 32 KB here) and without waiting for an
+extraction to finish before training starts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+
+from backends.eagle3_contract import Manifest
+from backends.train import distributed
+from backends.train.data import Batch, Layout
+from backends.train.online import OnlineSource, Samples
+from benchmarks._common import print_table
+from benchmarks.train_throughput import LLAMA_31_8B, TINY, make_trainer
+
+
+def build_target(tiny: bool, device: torch.device) -> Any:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = TINY if tiny else LLAMA_31_8B
+    config = LlamaConfig(
+        vocab_size=cfg.vocab_size,
+        hidden_size=cfg.hidden_size,
+        intermediate_size=cfg.intermediate_size,
+        num_hidden_layers=8 if tiny else 32,
+        num_attention_heads=cfg.num_attention_heads,
+        num_key_value_heads=cfg.num_key_value_heads,
+        head_dim=cfg.head_dim,
+        max_position_embeddings=cfg.max_position_embeddings,
+    )
+    config._attn_implementation = "sdpa"
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16 if device.type == "cuda" else torch.float32)
+    try:
+        with torch.device(device):
+            model: Any = LlamaForCausalLM(config)
+    finally:
+        torch.set_default_dtype(previous)
+    return model.eval().requires_grad_(False)
+
+
+def synthetic_samples(count: int, seq: int, vocab: int) -> Samples:
+    gen = torch.Generator().manual_seed(0)
+    mask = torch.ones(count, seq, dtype=torch.int8)
+    mask[:, :16] = 0  # a prompt
+    return Samples(
+        ids=torch.randint(0, vocab, (count * seq,), generator=gen, dtype=torch.int32),
+        loss_mask=mask.flatten(),
+        offsets=list(range(0, count * seq + 1, seq)),
+    )
+
+
+def timed(steps: int, warmup: int, tokens_per_step: int, step: Callable[[], object], device: torch.device) -> float:
+    """Tokens/s over `steps` calls of `step`, after `warmup` calls (compilation, allocator warm-up)."""
+    for _ in range(warmup):
+        step()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    started = time.perf_counter()
+    for _ in range(steps):
+        step()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return steps * tokens_per_step / (time.perf_counter() - started)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tiny", action="store_true", help="tiny shapes, on the CPU")
+    parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--seq", type=int, default=2048)
+    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--ttt", type=int, default=7)
+    parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None)
+    parser.add_argument("--attention", default="auto")
+    args = parser.parse_args()
+    if args.tiny:
+        args.seq, args.batch_size = min(args.seq, 64), min(args.batch_size, 2)
+    ctx = distributed.init()
+    cfg = TINY if args.tiny else LLAMA_31_8B
+    compiled = ctx.device.type == "cuda" if args.compile is None else args.compile
+    model = build_target(args.tiny, ctx.device)
+    count = (args.warmup + args.steps) * args.batch_size * 3 + 1
+    manifest = Manifest(
+        target_path="(in memory)",
+        architecture="LlamaForCausalLM",
+        num_layers=model.config.num_hidden_layers,
+        hidden_size=cfg.hidden_size,
+        vocab_size=cfg.vocab_size,
+        dtype="bfloat16",
+        aux_layer_ids=list(cfg.aux_layer_ids) if not args.tiny else [1, 3, 4],
+        tokenizer="",
+        chat_template=None,
+        max_length=args.seq,
+        data="synthetic",
+    )
+    source = OnlineSource(manifest, synthetic_samples(count, args.seq, cfg.vocab_size), 1, pad_id=0)
+    source.attach(model, "replicate", ctx)
+    layout = Layout(args.batch_size, pad_multiple=128 if ctx.device.type == "cuda" else 1)
+    trainer = make_trainer(cfg, args, compiled, ctx)
+    tokens = args.batch_size * args.seq
+
+    def batches() -> Iterator[Batch]:
+        epoch = 0
+        while True:
+            yield from source.train_batches(layout, epoch, 0, 0)
+            epoch += 1
+
+    stream = batches()
+    forward = timed(args.steps, args.warmup, tokens, lambda: next(stream), ctx.device)
+    ready = [next(stream) for _ in range(2)]
+    turn = iter(range(1 << 30))
+    offline = timed(args.steps, args.warmup, tokens, lambda: trainer.train_step(ready[next(turn) % 2]), ctx.device)
+    if ctx.device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(ctx.device)
+    online = timed(args.steps, args.warmup, tokens, lambda: trainer.train_step(next(stream)), ctx.device)
+    peak = f"{torch.cuda.max_memory_allocated(ctx.device) / 2**30:.1f} GiB peak" if ctx.device.type == "cuda" else "CPU"
+    both = 1 / (1 / forward + 1 / offline)
+    shape = "tiny" if args.tiny else "Llama-3.1-8B target + its EAGLE-3 draft"
+    print(
+        f"{shape}, batch {args.batch_size} x {args.seq}, TTT {args.ttt}, compile {'on' if compiled else 'off'}, "
+        f"{ctx.device}; {args.steps} timed steps after {args.warmup}"
+    )
+    print_table(
+        [
+            ("target forward (extraction's upper bound)", f"{forward:,.0f}", f"{forward / both:.2f}"),
+            ("offline: trainer on ready states", f"{offline:,.0f}", f"{offline / both:.2f}"),
+            ("offline, both stages (1 / (1/forward + 1/trainer))", f"{both:,.0f}", "1.00"),
+            (f"online: target + trainer in one job ({peak})", f"{online:,.0f}", f"{online / both:.2f}"),
+        ],
+        headers=("what", "tokens/s", "ratio to offline, both stages"),
+    )
+
+
+if __name__ == "__main__":
+    main()
