@@ -133,6 +133,7 @@ def test_online_resume_reproduces_an_uninterrupted_run_and_refuses_other_data(
         (["--layers", "3,1,4"], 2, "increasing"),
         (["--chat-template", "missing.jinja"], 2, "--chat-template missing.jinja"),
         (["--limit", "0"], 2, "--limit must be at least 1"),
+        (["--target-placement", "tp"], 2, "tp needs torchrun"),
     ],
 )
 def test_online_bad_inputs_are_one_line_errors(
@@ -166,6 +167,16 @@ def test_online_data_without_a_usable_chat_and_a_target_without_a_tokenizer_are_
     assert main(online(bare, tmp_path / "b", "--steps", "1")) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"error: cannot load the tokenizer of {bare}") and err.count("\n") == 1
+
+
+def test_one_process_can_spread_the_target_over_the_visible_devices(
+    target: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """device_map "auto" (here over the CPU alone): the states reach the draft's device and it trains."""
+    out = tmp_path / "run"
+    assert main(online(target, out, "--steps", "4", "--eval-every", "0", "--target-placement", "spread")) == 0
+    assert "(online from demo, target spread)" in capsys.readouterr().out
+    assert (out / "final" / MANIFEST).is_file() and len(losses(out)) == 2
 
 
 def test_online_flags_without_online_are_refused(

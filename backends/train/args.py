@@ -78,10 +78,11 @@ def add_arguments(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
     online.add_argument("--limit", type=int, help="--online: use only the first N usable chats")
     online.add_argument(
         "--target-placement",
-        choices=("auto", "replicate", "tp"),
+        choices=("auto", "replicate", "spread", "tp"),
         default="auto",
-        help="--online under torchrun: a whole target on every GPU, or tensor-parallel over all of them "
-        "(auto: tp when the target takes more than a third of a GPU)",
+        help="--online: the whole target on each training GPU; its layers spread over every visible GPU (one "
+        "process); or tensor-parallel over the torchrun processes (auto: replicate while the target takes at "
+        "most a third of a GPU)",
     )
     p.add_argument("--plateau-evals", type=int, default=5, help="evaluations without a 0.5%% gain that flag a plateau")
 

@@ -7,6 +7,11 @@ out; an epoch's order is a seeded shuffle, so a resumed run skips what it consum
 epoch) alone. The manifest the checkpoints carry records the data's hash, and a resume on other data is
 refused.
 
+Placement in one process: `replicate` (the target on the training GPU beside the draft), or `spread` (its
+layers over every visible GPU, transformers' device_map "auto", as `extract --device auto` does, for a target
+larger than one GPU; the draft trains on the first). `auto` spreads when more than one GPU is visible and the
+target's weights exceed a third of one GPU's memory.
+
 Placement under torchrun (one process per GPU; the draft is data-parallel as offline, DDP or FSDP):
 - `replicate`: every process holds the whole target and runs it on its own rows: no traffic, but the target
   must fit on one GPU beside the draft;
@@ -185,13 +190,21 @@ def check_same_data(checkpoint: Path, manifest: Manifest) -> None:
 
 
 def choose_placement(requested: str, ctx: Dist, target: Path) -> str:
-    if ctx.world == 1 or requested != "auto":
-        return "replicate" if ctx.world == 1 else requested
+    """`requested`, checked against the process count, or what `auto` means here."""
+    if requested == "tp" and ctx.world == 1:
+        raise TrainError("--target-placement tp needs torchrun (one process per GPU); one process can spread")
+    if requested == "spread" and ctx.world > 1:
+        raise TrainError("--target-placement spread is for one process; under torchrun use tp or replicate")
+    if requested != "auto":
+        return requested
     if ctx.device.type != "cuda":
         return "replicate"
     weights = sum(f.stat().st_size for f in target.glob("*.safetensors"))
-    memory = torch.cuda.get_device_properties(ctx.device).total_memory
-    return "tp" if weights > memory * REPLICATE_SHARE else "replicate"
+    if weights <= torch.cuda.get_device_properties(ctx.device).total_memory * REPLICATE_SHARE:
+        return "replicate"
+    if ctx.world > 1:
+        return "tp"
+    return "spread" if torch.cuda.device_count() > 1 else "replicate"
 
 
 def load_target_model(path: Path, ctx: Dist, placement: str) -> Any:
@@ -213,7 +226,7 @@ def load_target_model(path: Path, ctx: Dist, placement: str) -> Any:
                 parallel = {"tp_plan": "auto"}
             model: Any = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype), **parallel)
         else:
-            model = capture.load_target(path, str(ctx.device), dtype)
+            model = capture.load_target(path, "auto" if placement == "spread" else str(ctx.device), dtype)
     except (OSError, ValueError, RuntimeError, SafetensorError) as exc:
         advice = "; try --target-placement replicate" if placement == "tp" else ""
         raise TrainingFailed(f"cannot load the target from {path} ({placement}): {exc}{advice}") from None
