@@ -35,7 +35,7 @@ import torch
 
 from backends.eagle3_contract import MANIFEST, ContractError, Manifest
 from backends.extract import capture
-from backends.extract.cli import NO_ASSISTANT_TOKEN, UsageError, choose_layers
+from backends.extract.cli import UsageError, choose_layers, tokenize_chats
 from backends.extract.data import DEMO, DataError, load_dataset
 from backends.extract.template import ChatTokenizer, TemplateError
 from backends.train.data import Batch, Layout, Span, epoch_order, skip_samples
@@ -67,26 +67,26 @@ class Samples:
         return self.ids[start:end], self.loss_mask[start:end]
 
 
+# Chats tokenized at a time: their Python lists are flattened into tensors before the next ones are made.
+TOKENIZE_CHUNK = 1024
+
+
 def tokenize(chat_tokenizer: ChatTokenizer, chats: list[list[dict[str, str]]], max_length: int) -> Samples:
-    """The chats that keep an assistant token within `max_length`, and counts of the others by reason."""
-    ids: list[int] = []
-    mask: list[int] = []
+    """The chats that keep an assistant token within `max_length` (as the extraction keeps them), flat."""
+    ids: list[torch.Tensor] = []
+    masks: list[torch.Tensor] = []
     offsets = [0]
     dropped: dict[str, int] = {}
-    for chat in chats:
-        try:
-            sample = chat_tokenizer.tokenize(chat, max_length)
-        except TemplateError as exc:
-            reason = str(exc).splitlines()[0]
-            dropped[reason] = dropped.get(reason, 0) + 1
-            continue
-        if not any(sample.loss_mask):
-            dropped[NO_ASSISTANT_TOKEN] = dropped.get(NO_ASSISTANT_TOKEN, 0) + 1
-            continue
-        ids += sample.input_ids
-        mask += sample.loss_mask
-        offsets.append(len(ids))
-    return Samples(torch.tensor(ids, dtype=torch.int32), torch.tensor(mask, dtype=torch.int8), offsets, dropped)
+    for start in range(0, len(chats), TOKENIZE_CHUNK):
+        kept, reasons = tokenize_chats(chat_tokenizer, chats[start : start + TOKENIZE_CHUNK], max_length)
+        for reason, count in reasons.items():
+            dropped[reason] = dropped.get(reason, 0) + count
+        for sample in kept:
+            ids.append(torch.tensor(sample.input_ids, dtype=torch.int32))
+            masks.append(torch.tensor(sample.loss_mask, dtype=torch.int8))
+            offsets.append(offsets[-1] + len(sample.input_ids))
+    flat = torch.cat(ids) if ids else torch.zeros(0, dtype=torch.int32)
+    return Samples(flat, torch.cat(masks) if masks else torch.zeros(0, dtype=torch.int8), offsets, dropped)
 
 
 def load_chats(options: TrainOptions) -> tuple[ChatTokenizer, Samples, str, str]:
