@@ -9,19 +9,37 @@ counted positions whose target argmax is in the draft vocabulary (SpecForge's
 position mask); step k weighs 0.8**k. Accuracy at step k is unconditional
 (true tokens fed in) and has every counted position in its denominator, so a
 target argmax outside the draft vocabulary is a miss, as it is when serving.
+
+`ttt_loss` computes that from every step's logits; it is the definition. The
+trainer computes the same numbers from the lm_head's input (`fused_ttt_loss`):
+only the rows in the loss get logits at all (a row outside it adds nothing to the
+loss, and an out-of-vocabulary one is a miss whatever the draft predicts), a few
+thousand rows at a time, and each row's log-softmax, cross-entropy, argmax and
+gradient come from one pass of a kernel over its logits, so no [B, T, vocab]
+float32 tensor is ever made.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 
-from backends.train.target import TeacherTargets
+from backends.train.target import TeacherRows, TeacherTargets
+
+try:
+    import triton  # type: ignore[import-not-found,unused-ignore]
+    import triton.language as tl  # type: ignore[import-not-found,unused-ignore]
+except ImportError:  # a CPU-only install: the torch formula serves
+    triton = None
 
 STEP_DECAY = 0.8
+# Rows of the lm_head computed at once: their [rows, draft_vocab] logits are the largest tensor of the loss.
+HEAD_CHUNK_ROWS = 16384
+SOFT_CE_BLOCK = 4096  # columns a kernel program reads at a time
 
 
 @dataclass
@@ -48,11 +66,6 @@ def step_masks(loss_mask: torch.Tensor, in_vocab: torch.Tensor, steps: int) -> l
         counted = predicted[:, 2 + k : 2 + k + n]
         masks.append((counted, counted & in_vocab[:, 1 + k : 1 + k + n]))
     return masks
-
-
-def loss_counts(loss_mask: torch.Tensor, in_vocab: torch.Tensor, steps: int) -> torch.Tensor:
-    """[K] positions in the loss of each step."""
-    return torch.stack([in_loss.sum() for _, in_loss in step_masks(loss_mask, in_vocab, steps)])
 
 
 def ttt_loss(
@@ -92,6 +105,216 @@ def ttt_loss(
         in_loss=torch.stack(in_loss),
         correct=torch.stack(correct),
         counted=torch.stack(counted),
+    )
+
+
+@dataclass
+class LossRows:
+    """The (TTT step k, draft position t) pairs in the loss, step by step, in position order."""
+
+    hidden: torch.Tensor  # [N] int64: the row of the steps' lm_head inputs [K, B, T, H] flattened to [K*B*T, H]
+    target: torch.Tensor  # [N] int64: the teacher's row of position t+1+k
+    step: torch.Tensor  # [N] int64: k
+    in_loss: torch.Tensor  # [K] rows of each step
+    counted: torch.Tensor  # [K] loss-token positions of each step (accuracy denominators)
+
+
+def loss_rows(loss_mask: torch.Tensor, teacher: TeacherRows, steps: int) -> LossRows:
+    """Which rows the loss reads (one host sync: how many there are)."""
+    batch, seq = loss_mask.shape
+    masks = step_masks(loss_mask, teacher.in_vocab, steps)
+    in_loss = torch.stack([F.pad(in_, (0, seq - in_.shape[1])) for _, in_ in masks])  # [K, B, T]
+    hidden = in_loss.flatten().nonzero().squeeze(1)
+    step = hidden // (batch * seq)
+    # The target position t+1+k of the same sample: t < T-1-k keeps it inside the sample.
+    target = teacher.row.flatten()[hidden % (batch * seq) + 1 + step]
+    counted = torch.stack([counts.sum() for counts, _ in masks])
+    return LossRows(hidden=hidden, target=target, step=step, in_loss=in_loss.sum((1, 2)), counted=counted)
+
+
+if triton is not None:
+
+    @triton.jit  # type: ignore[untyped-decorator,unused-ignore]
+    def _soft_ce_kernel(  # type: ignore[no-untyped-def,unused-ignore]
+        logits_ptr,
+        logits_stride,
+        teacher_ptr,
+        teacher_stride,
+        lse_ptr,
+        argmax_ptr,
+        target_ptr,
+        scale_ptr,
+        ce_ptr,
+        hit_ptr,
+        vocab,
+        WRITE_GRAD: tl.constexpr,
+        BLOCK: tl.constexpr,
+    ):
+        """One row: cross-entropy, argmax hit and (in place of the logits) the gradient."""
+        row = tl.program_id(0).to(tl.int64)
+        target = tl.load(target_ptr + row)
+        logits_ptr += row * logits_stride
+        teacher_ptr += target * teacher_stride
+        teacher_lse = tl.load(lse_ptr + target)
+        top = float("-inf")
+        total = 0.0
+        mass = 0.0
+        dot = 0.0
+        best = float("-inf")
+        best_at = 0
+        for start in range(0, vocab, BLOCK):
+            cols = start + tl.arange(0, BLOCK)
+            inside = cols < vocab
+            x = tl.load(logits_ptr + cols, mask=inside, other=float("-inf")).to(tl.float32)
+            p = tl.exp(tl.load(teacher_ptr + cols, mask=inside, other=float("-inf")).to(tl.float32) - teacher_lse)
+            block_top = tl.max(x, 0)
+            new_top = tl.maximum(top, block_top)
+            total = total * tl.exp(top - new_top) + tl.sum(tl.exp(x - new_top), 0)
+            top = new_top
+            mass += tl.sum(p, 0)
+            dot += tl.sum(tl.where(inside, p * x, 0.0), 0)
+            block_at = start + tl.argmax(x, 0)
+            better = block_top > best
+            best_at = tl.where(better, block_at, best_at)
+            best = tl.where(better, block_top, best)
+        lse = top + tl.log(total)
+        tl.store(ce_ptr + row, lse * mass - dot)
+        tl.store(hit_ptr + row, (best_at == tl.load(argmax_ptr + target)).to(tl.int8))
+        if WRITE_GRAD:
+            scale = tl.load(scale_ptr + row)
+            for start in range(0, vocab, BLOCK):
+                cols = start + tl.arange(0, BLOCK)
+                inside = cols < vocab
+                x = tl.load(logits_ptr + cols, mask=inside, other=0.0).to(tl.float32)
+                p = tl.exp(tl.load(teacher_ptr + cols, mask=inside, other=float("-inf")).to(tl.float32) - teacher_lse)
+                grad = (tl.exp(x - lse) * mass - p) * scale
+                tl.store(logits_ptr + cols, grad.to(logits_ptr.dtype.element_ty), mask=inside)
+
+
+def _soft_ce_triton(
+    logits: torch.Tensor, teacher: TeacherRows, target: torch.Tensor, scale: torch.Tensor, grad: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    rows, vocab = logits.shape
+    ce = torch.empty(rows, dtype=torch.float32, device=logits.device)
+    hit = torch.empty(rows, dtype=torch.int8, device=logits.device)
+    if rows:
+        _soft_ce_kernel[(rows,)](
+            logits,
+            logits.stride(0),
+            teacher.logits,
+            teacher.logits.stride(0),
+            teacher.lse,
+            teacher.argmax,
+            target,
+            scale,
+            ce,
+            hit,
+            vocab,
+            WRITE_GRAD=grad,
+            BLOCK=SOFT_CE_BLOCK,
+            num_warps=8,
+        )
+    return ce, hit.bool()
+
+
+def _soft_ce_torch(
+    logits: torch.Tensor, teacher: TeacherRows, target: torch.Tensor, scale: torch.Tensor, grad: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    x = logits.float()
+    p = torch.exp(teacher.logits.index_select(0, target).float() - teacher.lse[target, None])
+    lse = torch.logsumexp(x, dim=-1)
+    mass = p.sum(-1)
+    ce = lse * mass - (p * x).sum(-1)
+    hit = logits.argmax(-1) == teacher.argmax[target]
+    if grad:
+        logits.copy_((torch.exp(x - lse[:, None]) * mass[:, None] - p) * scale[:, None])
+    return ce, hit
+
+
+def _soft_ce(
+    logits: torch.Tensor, teacher: TeacherRows, target: torch.Tensor, scale: torch.Tensor, grad: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per row of logits [C, V] against teacher rows `target` [C]: (cross-entropy [C] float32,
+    argmax hit [C] bool); with `grad`, logits are overwritten with d(sum(scale * ce))/dlogits."""
+    fn = _soft_ce_triton if triton is not None and logits.is_cuda else _soft_ce_torch
+    return fn(logits, teacher, target, scale, grad)
+
+
+class _HeadLoss(torch.autograd.Function):
+    """sum over rows of scale * soft cross-entropy of lm_head(hidden[rows]), in row chunks; the
+    gradients come out of the forward pass (the logits are never kept) and are scaled in backward."""
+
+    @staticmethod
+    def forward(
+        ctx: Any,
+        hidden: torch.Tensor,
+        weight: torch.Tensor,
+        rows: torch.Tensor,
+        scale: torch.Tensor,
+        teacher: TeacherRows,
+        target: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        grad = any(ctx.needs_input_grad[:2])
+        head = weight.to(hidden.dtype)
+        count = len(rows)
+        ce = torch.empty(count, dtype=torch.float32, device=hidden.device)
+        hit = torch.empty(count, dtype=torch.bool, device=hidden.device)
+        d_rows = torch.empty(count, hidden.shape[1], dtype=hidden.dtype, device=hidden.device) if grad else None
+        d_weight: torch.Tensor | None = None
+        for start in range(0, count, HEAD_CHUNK_ROWS):
+            end = min(start + HEAD_CHUNK_ROWS, count)
+            x = hidden.index_select(0, rows[start:end])
+            logits = x @ head.T
+            ce[start:end], hit[start:end] = _soft_ce(logits, teacher, target[start:end], scale[start:end], grad)
+            if d_rows is not None:
+                d_rows[start:end] = logits @ head
+                part = (logits.T @ x).float()
+                d_weight = part if d_weight is None else d_weight.add_(part)
+        ctx.mark_non_differentiable(ce, hit)
+        ctx.grads = (d_rows, d_weight)
+        ctx.rows, ctx.hidden_shape, ctx.weight_like = rows, hidden.shape, weight
+        return (ce * scale).sum(), ce, hit
+
+    @staticmethod
+    def backward(ctx: Any, d_loss: torch.Tensor, *_: Any) -> tuple[torch.Tensor | None, ...]:
+        d_rows, d_weight = ctx.grads
+        d_hidden = d_weight_out = None
+        if d_rows is not None and ctx.needs_input_grad[0]:
+            d_hidden = d_rows.new_zeros(ctx.hidden_shape)
+            d_hidden[ctx.rows] = d_rows * d_loss.to(d_rows.dtype)
+        if ctx.needs_input_grad[1]:
+            like = ctx.weight_like
+            d_weight_out = torch.zeros_like(like) if d_weight is None else (d_weight * d_loss).to(like.dtype)
+        return d_hidden, d_weight_out, None, None, None, None
+
+
+def fused_ttt_loss(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    teacher: TeacherRows,
+    rows: LossRows,
+    denominators: torch.Tensor | None = None,
+    decay: float = STEP_DECAY,
+) -> LossParts:
+    """`ttt_loss` of the logits hidden[k] @ weight.T, computed on the rows in the loss only.
+
+    hidden [K, B, T, H]: the lm_head's input at every step; weight [draft_vocab, H].
+    """
+    steps = hidden.shape[0]
+    counts = rows.in_loss.clamp_min(1).float() if denominators is None else denominators
+    weights = decay ** torch.arange(steps, device=hidden.device, dtype=torch.float32) / counts
+    loss, ce, hit = _HeadLoss.apply(  # type: ignore[no-untyped-call]
+        hidden.flatten(0, 2), weight, rows.hidden, weights[rows.step], teacher, rows.target
+    )
+    ce_sum = torch.zeros(steps, dtype=torch.float32, device=hidden.device).index_add_(0, rows.step, ce)
+    correct = torch.zeros(steps, dtype=torch.int64, device=hidden.device).index_add_(0, rows.step, hit.long())
+    return LossParts(
+        loss=loss,
+        ploss=ce_sum / counts,
+        ce_sum=ce_sum,
+        in_loss=rows.in_loss,
+        correct=correct,
+        counted=rows.counted,
     )
 
 

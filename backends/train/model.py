@@ -3,7 +3,8 @@
 One decoder layer `midlayer` whose attention input is
 `cat(input_layernorm(embed), hidden_norm(h))` (width 2H), residual = h, then
 post-attention norm and MLP; `fc` fuses the aux hidden states of the target;
-`norm` + `lm_head` give logits over the draft vocabulary; `embed_tokens` is the
+`norm` + `lm_head` give logits over the draft vocabulary (forward stops before
+`lm_head`: the loss applies it to the rows it reads); `embed_tokens` is the
 target's, frozen. The hidden state handed to the next TTT step is the layer's
 output before `norm`, as SGLang's draft hands it to its next draft step.
 
@@ -36,14 +37,14 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x32 = x.float()
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (x32 * self.weight.float()).to(x.dtype)
+        # In float32 throughout (weight included), as one fused kernel where PyTorch has one.
+        return F.rms_norm(x.float(), self.weight.shape, self.weight.float(), self.eps).to(x.dtype)
 
 
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x * cos + rotate_half(x) * sin, with rotate_half(x) = cat(-x2, x1) = roll(x, half) * [-1.., 1..]:
+    the sign rides on `sin` (see Attention.forward), which saves two passes over x."""
+    return torch.addcmul(x * cos, x.roll(x.shape[-1] // 2, dims=-1), sin)
 
 
 # Keys or values of the TTT steps so far, one [B, kv_heads, T, d] tensor per step. Passed
@@ -79,9 +80,9 @@ class Attention(nn.Module):
         q = self.q_proj(x).view(batch, seq, self.heads, self.head_dim).transpose(1, 2)
         k = self.k_proj(x).view(batch, seq, self.kv_heads, self.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(batch, seq, self.kv_heads, self.head_dim).transpose(1, 2)
-        cos, sin = cos.to(q.dtype), sin.to(q.dtype)
-        q = q * cos + _rotate_half(q) * sin
-        k = k * cos + _rotate_half(k) * sin
+        half = sin.shape[-1] // 2
+        cos, sin = cos.to(q.dtype), torch.cat([-sin[..., :half], sin[..., half:]], dim=-1).to(q.dtype)
+        q, k = _rope(q, cos, sin), _rope(k, cos, sin)
         keys, values = [*past[0], k], [*past[1], v]
         if block_mask is None:
             out = eager_ttt_attention(q, keys, values)
@@ -160,18 +161,20 @@ class Eagle3Draft(nn.Module):
         aux_hidden_states: torch.Tensor,
         steps: int,
         block_masks: list[BlockMask] | None = None,
-    ) -> list[torch.Tensor]:
-        """Logits [B, T, draft_vocab] of each TTT step; input_ids [B, T], aux [B, T, num_aux*H]."""
+    ) -> torch.Tensor:
+        """The lm_head's input at every TTT step, [steps, B, T, H] (logits = lm_head of it);
+        input_ids [B, T], aux [B, T, num_aux*H]. The loss applies the lm_head itself, to the
+        rows it needs only (loss.fused_ttt_loss)."""
         seq = input_ids.shape[1]
         hidden = self.fc(aux_hidden_states)
         keys: Past = ()
         values: Past = ()
-        logits = []
+        outputs = []
         for k in range(steps):
             embeds = self.embed_tokens(shift_left(input_ids, 1 + k))
             cos, sin = self.rotary(torch.arange(k, k + seq, device=input_ids.device))
             mask = None if block_masks is None else block_masks[k]
             hidden, k_step, v_step = self.midlayer(embeds, hidden, cos, sin, (keys, values), mask)
             keys, values = (*keys, k_step), (*values, v_step)
-            logits.append(self.lm_head(self.norm(hidden)))
-        return logits
+            outputs.append(self.norm(hidden))
+        return torch.stack(outputs)

@@ -156,20 +156,79 @@ class TeacherTargets:
     in_vocab: torch.Tensor  # [B, T] bool
 
 
+@dataclass
+class TeacherRows:
+    """The same, computed only at the positions the loss reads: those followed by a loss
+    token (j >= 1 with loss_mask[j+1]); one row per such position, in position order."""
+
+    logits: torch.Tensor  # [R, draft_vocab] compute dtype: the distribution is softmax(logits.float())
+    lse: torch.Tensor  # [R] float32: logsumexp(logits.float()), so the probabilities are exp(logits - lse)
+    argmax: torch.Tensor  # [R] int64: draft id of the largest logit (the first one on ties)
+    in_vocab: torch.Tensor  # [B, T] bool: the target's argmax is in the draft vocabulary (False where no row)
+    row: torch.Tensor  # [B, T] int64: each position's row (-1 where none)
+
+
+# Full-vocabulary logits of this many positions at a time: [rows, vocab] is the largest tensor of the teacher.
+TEACHER_CHUNK_ROWS = 4096
+
+
 class Teacher:
-    """The target's lm_head, applied to extracted final hidden states."""
+    """The target's lm_head, applied to extracted final hidden states.
+
+    Its rows are kept in the order [draft vocabulary | the rest], both ascending: the
+    draft vocabulary's logits come out of the product as one contiguous block, and
+    whether the target's argmax lies in it is one comparison of two row maxima
+    (ties go to the smaller target id, as argmax over the whole vocabulary does).
+    """
 
     def __init__(self, lm_head: torch.Tensor, draft_ids: torch.Tensor, t2d: torch.Tensor) -> None:
-        self.lm_head = lm_head  # [V, H], compute dtype, on the training device
-        self.draft_ids = draft_ids.to(lm_head.device)  # [draft_vocab] target ids, ascending
-        self.t2d = t2d.to(lm_head.device)  # [V] bool
+        device = lm_head.device
+        self.draft_ids = draft_ids.to(device)  # [draft_vocab] target ids, ascending
+        self.other_ids = (~t2d.to(device)).nonzero().squeeze(1)  # the target ids outside it, ascending
+        self.weight = lm_head.index_select(0, torch.cat([self.draft_ids, self.other_ids]))  # [V, H]
+
+    def _rows(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(draft-vocabulary logits, their logsumexp, their argmax, in_vocab) of hidden states [R, H]."""
+        rows, size = hidden.shape[0], len(self.draft_ids)
+        logits = hidden.new_empty(rows, size, dtype=self.weight.dtype)
+        lse = hidden.new_empty(rows, dtype=torch.float32)
+        argmax = hidden.new_empty(rows, dtype=torch.int64)
+        in_vocab = hidden.new_ones(rows, dtype=torch.bool)
+        for start in range(0, rows, TEACHER_CHUNK_ROWS):
+            end = min(start + TEACHER_CHUNK_ROWS, rows)
+            full = hidden[start:end].to(self.weight.dtype) @ self.weight.T
+            draft = full[:, :size]
+            logits[start:end] = draft
+            lse[start:end] = torch.logsumexp(draft.float(), dim=-1)
+            best = draft.argmax(-1)
+            argmax[start:end] = best
+            if len(self.other_ids):
+                top = draft.gather(1, best[:, None]).squeeze(1)
+                other = full[:, size:]
+                other_best = other.argmax(-1)
+                other_top = other.gather(1, other_best[:, None]).squeeze(1)
+                tie = (top == other_top) & (self.draft_ids[best] < self.other_ids[other_best])
+                in_vocab[start:end] = (top > other_top) | tie
+        return logits, lse, argmax, in_vocab
+
+    @torch.no_grad()
+    def rows(self, hidden_state: torch.Tensor, loss_mask: torch.Tensor) -> TeacherRows:
+        """hidden_state [B, T, H], loss_mask [B, T] bool."""
+        batch, seq, width = hidden_state.shape
+        needed = torch.zeros_like(loss_mask)
+        needed[:, 1:-1] = loss_mask[:, 2:]
+        positions = needed.flatten().nonzero().squeeze(1)
+        logits, lse, argmax, in_vocab = self._rows(hidden_state.reshape(-1, width).index_select(0, positions))
+        row = torch.full((batch * seq,), -1, dtype=torch.int64, device=positions.device)
+        row[positions] = torch.arange(len(positions), device=positions.device)
+        in_vocab_at = torch.zeros(batch * seq, dtype=torch.bool, device=positions.device)
+        in_vocab_at[positions] = in_vocab
+        return TeacherRows(logits, lse, argmax, in_vocab_at.view(batch, seq), row.view(batch, seq))
 
     @torch.no_grad()
     def targets(self, hidden_state: torch.Tensor) -> TeacherTargets:
-        probs, in_vocab = [], []
-        # One sample at a time: full-vocabulary logits are the largest tensor of a step.
-        for h in hidden_state.to(self.lm_head.dtype):
-            logits = h @ self.lm_head.T
-            in_vocab.append(self.t2d[logits.argmax(-1)])
-            probs.append(torch.softmax(logits.index_select(-1, self.draft_ids).float(), dim=-1))
-        return TeacherTargets(probs=torch.stack(probs), in_vocab=torch.stack(in_vocab))
+        """Every position of hidden_state [B, T, H]: the definition `rows` is tested against."""
+        batch, seq, width = hidden_state.shape
+        logits, _, _, in_vocab = self._rows(hidden_state.reshape(-1, width))
+        probs = torch.softmax(logits.float(), dim=-1)
+        return TeacherTargets(probs=probs.view(batch, seq, -1), in_vocab=in_vocab.view(batch, seq))

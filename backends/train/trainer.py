@@ -20,11 +20,11 @@ from backends.train.attention import ttt_block_mask
 from backends.train.config import DraftConfig
 from backends.train.data import Batch
 from backends.train.errors import TrainError
-from backends.train.loss import STEP_DECAY, LossParts, loss_counts, simulated_accept_length, ttt_loss
+from backends.train.loss import STEP_DECAY, LossParts, fused_ttt_loss, loss_rows, simulated_accept_length
 from backends.train.model import FROZEN_WEIGHTS, Eagle3Draft
 from backends.train.options import TrainOptions
 from backends.train.schedule import lr_factor, warmup_cosine, warmup_steps
-from backends.train.target import Teacher, TeacherTargets
+from backends.train.target import Teacher
 from backends.train.vocab import VocabMap
 
 ADAM_BETAS = (0.9, 0.95)
@@ -127,11 +127,12 @@ class Trainer:
         self.progress = Progress()
         # The data contract every checkpoint carries (manifest.json), so doctor and --resume can check against it.
         self.manifest: Manifest | None = None
-        self.forward_loss: Callable[..., tuple[torch.Tensor, ...]] = self._forward_loss
+        self.forward: Callable[..., torch.Tensor] = self._forward
         if self.cuda or self.compiled:
             torch._dynamo.config.recompile_limit = RECOMPILE_LIMIT
         if self.compiled:
-            self.forward_loss = torch.compile(self._forward_loss, dynamic=False)
+            # The draft's layers only: the loss's row count changes with every batch, and it has its own kernel.
+            self.forward = torch.compile(self._forward, dynamic=False)
 
     # ---- one step -------------------------------------------------------
     def block_masks(self, seq_len: int) -> list[BlockMask] | None:
@@ -139,41 +140,24 @@ class Trainer:
             return None
         return [ttt_block_mask(seq_len, k, str(self.ctx.device)) for k in range(self.options.ttt)]
 
-    def _forward_loss(
-        self,
-        model: nn.Module,
-        input_ids: torch.Tensor,
-        aux: torch.Tensor,
-        loss_mask: torch.Tensor,
-        probs: torch.Tensor,
-        in_vocab: torch.Tensor,
-        denominators: torch.Tensor | None,
-        masks: list[BlockMask] | None,
-    ) -> tuple[torch.Tensor, ...]:
-        # Tensors in and out (no dataclasses) so that torch.compile sees one plain graph.
+    def _forward(
+        self, model: nn.Module, input_ids: torch.Tensor, aux: torch.Tensor, masks: list[BlockMask] | None
+    ) -> torch.Tensor:
         with torch.autocast(self.ctx.device.type, dtype=torch.bfloat16, enabled=self.cuda):
-            logits = model(input_ids, aux, self.options.ttt, masks)
-        parts = ttt_loss(logits, TeacherTargets(probs, in_vocab), loss_mask, denominators)
-        return parts.loss, parts.ploss, parts.ce_sum, parts.in_loss, parts.correct, parts.counted
+            hidden: torch.Tensor = model(input_ids, aux, self.options.ttt, masks)
+        return hidden
 
     def losses(self, model: nn.Module, batch: Batch, training: bool) -> LossParts:
-        targets = self.teacher.targets(batch.hidden_state)
+        # Teacher and rows first: their host syncs (how many rows) then find the device nearly idle.
+        teacher = self.teacher.rows(batch.hidden_state, batch.loss_mask)
+        rows = loss_rows(batch.loss_mask, teacher, self.options.ttt)
         denominators = None
         if training and self.ctx.world > 1:
-            counts = loss_counts(batch.loss_mask, targets.in_vocab, self.options.ttt).float()
-            denominators = distributed.all_reduce_sum(counts).clamp_min(1) / self.ctx.world
-        fn = self.forward_loss if training else self._forward_loss
-        out = fn(
-            model,
-            batch.input_ids,
-            batch.aux_hidden_states,
-            batch.loss_mask,
-            targets.probs,
-            targets.in_vocab,
-            denominators,
-            self.block_masks(batch.input_ids.shape[1]),
-        )
-        return LossParts(*out)
+            denominators = distributed.all_reduce_sum(rows.in_loss.float()).clamp_min(1) / self.ctx.world
+        forward = self.forward if training else self._forward
+        hidden = forward(model, batch.input_ids, batch.aux_hidden_states, self.block_masks(batch.input_ids.shape[1]))
+        # The draft's own lm_head: under FSDP the root keeps its parameters gathered from forward to backward.
+        return fused_ttt_loss(hidden, self.draft.lm_head.weight, teacher, rows, denominators)
 
     def train_step(self, batch: Batch) -> torch.Tensor:
         """One optimizer step; returns, on the device (no host sync), the row
