@@ -1,18 +1,39 @@
-"""Extraction throughput on one GPU against the forward pass's FLOP bound (run on the lent H200).
+"""Extraction throughput on one GPU against its two limits: the target's forward pass and the output disk.
 
-    PYTHONPATH=. python -m benchmarks.extract_throughput
+    PYTHONPATH=. python -m benchmarks.extract_throughput [--dir DIR] [--writers 1,2,4,8]
+    PYTHONPATH=. python -m benchmarks.extract_throughput --tiny    # a tiny target on the CPU, in seconds
 
 Builds a random target of Llama-3.2-1B's shape in memory (16 layers, hidden
 2048, MLP 8192, 32 heads / 8 KV heads, vocabulary 128256: 1.24 B parameters),
-bf16 on CUDA, and times, over synthetic token batches of 16 x 2048:
-1. the bare forward pass (`base_model(..., output_hidden_states=True)`);
-2. `pipeline.extract_shard`: batching by length, the hf backend's
-   (`capture.HFCapturer`) forward, aux concat, copy to (pinned) host memory, per-sample tensors;
-3. `pipeline.run_pipeline`, the loop `backends.extract` runs: shards extracted
-   while `--writers` threads save the previous ones (the contract's write_shard
-   to a temporary folder, then SHA-256 of the file, as `output.seal_shard`
-   does); once with full-length chats, once with chats of mixed lengths
-   (256..2048 tokens) in padded batches of at most 16 x 2048.
+bf16 on CUDA, and measures, with synthetic chats:
+1. forward only: `base_model(..., output_hidden_states=True)` on a batch of
+   16 x 2048 already on the GPU, back to back;
+2. forward + copy to the host: the pipeline's `ShardExtractor` (batching,
+   the hf backend's forward, copies on a side stream into a reused pinned
+   block), no writes;
+3. the output disk (--dir): `benchmarks.disk_bandwidth`, sequential writes
+   with fsync, by 1 and more threads;
+4. one shard written by one thread: `write_safetensors` (hashed as written,
+   fsync), beside what the extraction did before (safetensors' `save_file`,
+   then the file read back for its SHA-256);
+5. the full loop, `pipeline.run_pipeline` as `python -m backends.extract`
+   runs it, shards written to --dir by each --writers count: shards of 16
+   full-length chats, and shards of --shard-size chats of mixed lengths
+   (256..2048 tokens) in padded batches of at most 16 x 2048. Steady state:
+   the loop over writers + 2 shards, and over --shards more; the rate is the
+   extra shards' tokens over the extra time.
+
+Bytes per token: (1 + n_aux) * hidden * dtype size + 9 (input_ids int64,
+loss_mask int8). The disk bound is the best bandwidth of 3. over that; the
+loop's target is min(forward only, disk bound).
+
+Measured on the lent H200 (16 CPU cores, virtual disk /dev/vda, shards in /tmp):
+forward only 197k tokens/s, forward + copy to host 187k; disk 1.25 GB/s with
+1 thread, 1.89 with 4, 2.03 with 8; one shard by one thread 0.94 GB/s (fsync
+included; save_file + reading it back for the hash: 0.56 GB/s, no fsync);
+16,393 bytes/token, so a disk bound of 124k tokens/s; full loop 61k, 82k, 93k
+and 117k tokens/s with 1, 2, 4 and 8 writers (0.49, 0.66, 0.75, 0.95 of the
+bound; the loop before this benchmark's rewrite: 55k with 2 writers).
 
 FLOPs of one forward pass (extraction never runs the lm_head):
     2 * P * tokens + 4 * L * n_heads * head_dim * sum over samples of T(T+1)/2
@@ -24,8 +45,10 @@ padding). The bound is the H200's dense bf16 peak, 989 TFLOP/s (datasheet).
 from __future__ import annotations
 
 import argparse
+import hashlib
 import random
 import shutil
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -34,14 +57,35 @@ from typing import Any
 
 import torch
 
-from backends.eagle3_contract import write_shard
-from backends.extract.capture import HFCapturer
-from backends.extract.output import sha256_file
-from backends.extract.pipeline import Row, ShardJob, extract_shard, run_pipeline
+from backends.eagle3_contract import write_safetensors
+from backends.extract.args import DEFAULT_WRITERS
+from backends.extract.capture import HFCapturer, forward_states, pad_batch
+from backends.extract.pipeline import HostBuffers, HostShard, ShardExtractor, ShardJob, length_batches, run_pipeline
 from backends.extract.template import TokenizedChat
+from benchmarks import disk_bandwidth
 from benchmarks._common import print_table
 
 H200_BF16_TFLOPS = 989.0
+# --tiny: a target small enough for this CPU, and a disk test of a few seconds.
+TINY = {
+    "layers": 8,
+    "hidden": 64,
+    "intermediate": 128,
+    "heads": 4,
+    "kv_heads": 2,
+    "vocab": 512,
+    "batch": 4,
+    "seq": 128,
+    "iters": 2,
+    "warmup": 1,
+    "device": "cpu",
+    "dtype": "float32",
+    "writers": [1, 2],
+    "shards": 4,
+    "shard_size": 16,
+    "size_gib": 1 / 16,
+    "threads": [1, 2],
+}
 
 
 def build_target(args: argparse.Namespace) -> Any:
@@ -83,17 +127,20 @@ def forward_flops(args: argparse.Namespace, lengths: list[int]) -> float:
     return float(2 * matmul_params(args) * sum(lengths) + attention)
 
 
+def synchronize(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
 def timed(fn: Callable[[], object], device: str, warmup: int, iters: int) -> float:
     """Mean seconds per call after `warmup` untimed calls."""
     for _ in range(warmup):
         fn()
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
+    synchronize(device)
     started = time.perf_counter()
     for _ in range(iters):
         fn()
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
+    synchronize(device)
     return (time.perf_counter() - started) / iters
 
 
@@ -101,8 +148,55 @@ def synthetic(lengths: list[int], vocab: int, rng: random.Random) -> list[Tokeni
     return [TokenizedChat([rng.randrange(vocab) for _ in range(n)], [1] * n) for n in lengths]
 
 
+def steady_loop(
+    capturer: HFCapturer, samples: list[TokenizedChat], budget: int, folder: Path, writers: int, shards: int
+) -> float:
+    """Tokens per second of run_pipeline in steady state: the loop run twice, over writers + 2 shards and over
+    `shards` more; the difference leaves out what both pay once (pinning the host blocks, the last writes)."""
+
+    def save(job: ShardJob, shard: HostShard | None) -> None:
+        assert shard is not None
+        path = folder / f"shard-{job.index:05d}.safetensors"
+        write_safetensors(path, {name: [t] for name, t in shard.tensors.items()})
+        path.unlink()
+
+    def seconds(count: int) -> float:
+        jobs = (ShardJob(i, 0, len(samples), samples, {}) for i in range(count))
+        started = time.perf_counter()
+        run_pipeline(capturer, jobs, budget, save, lambda _: None, writers)
+        return time.perf_counter() - started
+
+    base = seconds(writers + 2)
+    return shards * sum(len(s.input_ids) for s in samples) / (seconds(writers + 2 + shards) - base)
+
+
+def write_rates(shard: HostShard, folder: Path, repeats: int) -> tuple[float, float]:
+    """Bytes per second of one thread writing `shard`: safetensors' save_file then the file hashed (what the
+    extraction did before), and write_safetensors."""
+    from safetensors.torch import save_file
+
+    path = folder / "one-shard.safetensors"
+    nbytes = sum(t.numel() * t.element_size() for t in shard.tensors.values())
+
+    def before() -> None:
+        save_file(shard.tensors, str(path))
+        digest = hashlib.sha256()
+        with path.open("rb") as fh:
+            while chunk := fh.read(1 << 22):
+                digest.update(chunk)
+
+    def after() -> None:
+        write_safetensors(path, {name: [t] for name, t in shard.tensors.items()})
+
+    try:
+        return nbytes / timed(before, "cpu", 1, repeats), nbytes / timed(after, "cpu", 1, repeats)
+    finally:
+        path.unlink(missing_ok=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.extract_throughput", description=__doc__)
+    parser.add_argument("--tiny", action="store_true", help="a tiny target on the CPU and a small disk test")
     parser.add_argument("--layers", type=int, default=16)
     parser.add_argument("--hidden", type=int, default=2048)
     parser.add_argument("--intermediate", type=int, default=8192)
@@ -115,8 +209,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--dtype", default="bfloat16")
-    parser.add_argument("--writers", type=int, default=2, help="shard-saving threads, as backends.extract --writers")
+    parser.add_argument(
+        "--writers", type=disk_bandwidth.thread_counts, default=[1, 2, 4, 8], help="shard-writing threads to try"
+    )
+    parser.add_argument("--shards", type=int, default=8, help="shards timed per loop, after the warm-up ones")
+    parser.add_argument("--shard-size", type=int, default=64, help="chats per shard of mixed lengths")
     parser.add_argument("--peak-tflops", type=float, default=H200_BF16_TFLOPS)
+    disk_bandwidth.add_arguments(parser)
+    if "--tiny" in (sys.argv[1:] if argv is None else argv):
+        parser.set_defaults(**TINY)
     args = parser.parse_args(argv)
 
     model = build_target(args)
@@ -124,14 +225,15 @@ def main(argv: list[str] | None = None) -> int:
     params = sum(p.numel() for p in model.parameters())
     name = torch.cuda.get_device_name() if args.device.startswith("cuda") else args.device
     print(
-        f"device {name}; target {params / 1e9:.2f} B params ({matmul_params(args) / 1e9:.3f} B in layer matmuls), "
+        f"device {name}; target {params / 1e9:.3f} B params ({matmul_params(args) / 1e9:.3f} B in layer matmuls), "
         f"{args.layers} layers, hidden {args.hidden}, {args.dtype}, attention {model.config._attn_implementation}; "
-        f"aux ids {aux_ids}; torch {torch.__version__}"
+        f"aux ids {aux_ids}; torch {torch.__version__}; shards written to {args.dir}"
     )
     rng = random.Random(0)
     budget = args.batch * args.seq
+    tokens = budget
     full = synthetic([args.seq] * args.batch, args.vocab, rng)
-    mixed_lengths = [rng.randint(min(256, args.seq), args.seq) for _ in range(args.batch * 4)]
+    mixed_lengths = [rng.randint(min(256, args.seq), args.seq) for _ in range(args.shard_size)]
     mixed = synthetic(mixed_lengths, args.vocab, rng)
     capturer = HFCapturer(model, aux_ids, 0)
     ids = torch.tensor([s.input_ids for s in full], device=args.device)
@@ -141,63 +243,77 @@ def main(argv: list[str] | None = None) -> int:
         with torch.inference_mode():
             model.base_model(input_ids=ids, attention_mask=mask, output_hidden_states=True, use_cache=False)
 
-    folder = Path(tempfile.mkdtemp(prefix="extract-bench-"))
-    saved: list[float] = []
+    def forward_mixed() -> None:
+        for batch in length_batches(mixed_lengths, budget):
+            forward_states(model, *pad_batch([mixed[i].input_ids for i in batch], 0), aux_ids)
 
-    def save(job: ShardJob, rows: list[Row]) -> float:
-        started = time.perf_counter()
-        path = folder / f"shard-{job.index:05d}.safetensors"
-        write_shard(path, rows)
-        sha256_file(path)
-        path.unlink()
-        return time.perf_counter() - started
+    buffers = HostBuffers()
+    extractor = ShardExtractor(capturer, budget, buffers)
 
-    def pipeline(samples: list[TokenizedChat], shards: int) -> None:
-        jobs = (ShardJob(i, 0, len(samples), samples, {}) for i in range(shards))
-        run_pipeline(capturer, jobs, budget, save, saved.append, args.writers)
+    def extract() -> None:
+        shard = extractor.extract(full)
+        shard.wait()
+        buffers.give_back(shard.block)
 
+    folder = Path(tempfile.mkdtemp(prefix="extract-bench-", dir=args.dir))
     try:
         t_forward = timed(forward, args.device, args.warmup, args.iters)
-        t_extract = timed(lambda: extract_shard(capturer, full, budget), args.device, args.warmup, args.iters)
-        pipeline(full, 1)  # warms up the pinned host blocks and the writer
-        saved.clear()
-        t_pipeline = timed(lambda: pipeline(full, args.iters), args.device, 0, 1) / args.iters
-        t_save = sum(saved) / len(saved)
-        t_mixed = timed(lambda: pipeline(mixed, 2), args.device, 0, 1) / 2
+        t_forward_mixed = timed(forward_mixed, args.device, 1, max(1, args.iters // 2))
+        t_extract = timed(extract, args.device, args.warmup, args.iters)
+        shard = extractor.extract(full)
+        shard.wait()
+        write_before, write_after = write_rates(shard, folder, args.iters)
+        buffers.give_back(shard.block)
+        buffers.close()
+        disk = disk_bandwidth.measure(args)
+        loops = {w: steady_loop(capturer, full, budget, folder, w, args.shards) for w in args.writers}
+        w_mixed = DEFAULT_WRITERS
+        loop_mixed = steady_loop(capturer, mixed, budget, folder, w_mixed, max(2, args.shards // 2))
     finally:
         shutil.rmtree(folder, ignore_errors=True)
 
-    tokens = args.batch * args.seq
+    itemsize = torch.finfo(getattr(torch, args.dtype)).bits // 8
+    per_token = (1 + len(aux_ids)) * args.hidden * itemsize + 9
+    best_disk = max(disk.values())
+    disk_bound = best_disk / per_token
+    forward_rate = tokens / t_forward
+    mixed_forward_rate = sum(mixed_lengths) / t_forward_mixed
     flops = forward_flops(args, [args.seq] * args.batch)
-    mixed_flops = forward_flops(args, mixed_lengths)
     peak = args.peak_tflops * 1e12
-    bound = tokens / (flops / peak)
-    mixed_bound = sum(mixed_lengths) / (mixed_flops / peak)
-    shard_bytes = tokens * (len(aux_ids) + 1) * args.hidden * torch.finfo(getattr(torch, args.dtype)).bits // 8
 
-    def row(metric: str, measured: float, target: float) -> list[str]:
-        return [metric, f"{measured:,.1f}", f"{target:,.1f}", f"{measured / target:.3f}"]
+    def row(metric: str, measured: float, target: float | None = None, digits: int = 0) -> list[str]:
+        if target is None:
+            return [metric, f"{measured:,.{digits}f}", "", ""]
+        return [metric, f"{measured:,.{digits}f}", f"{target:,.{digits}f}", f"{measured / target:.3f}"]
 
     label = f"{args.batch} x {args.seq}"
-    print_table(
-        [
-            row(f"forward only, {label}: tokens/s", tokens / t_forward, bound),
-            row("forward only: TFLOP/s", flops / t_forward / 1e12, args.peak_tflops),
-            row(f"extract_shard (forward + host copy), {label}: tokens/s", tokens / t_extract, bound),
-            row(f"extraction loop incl. shard save, {label}: tokens/s", tokens / t_pipeline, bound),
-            row("extraction loop incl. shard save: TFLOP/s", flops / t_pipeline / 1e12, args.peak_tflops),
-            row(
-                f"extraction loop, {len(mixed)} chats of 256..{args.seq} per shard: tokens/s",
-                sum(mixed_lengths) / t_mixed,
-                mixed_bound,
-            ),
-        ]
-    )
+    on_gpu = args.device.startswith("cuda")
+    rows = [row(f"forward only, {label}: tokens/s", forward_rate, tokens / (flops / peak) if on_gpu else None)]
+    if on_gpu:
+        rows.append(row("forward only: TFLOP/s", flops / t_forward / 1e12, args.peak_tflops, 1))
+    rows += [
+        row(f"forward + copy to host (ShardExtractor), {label}: tokens/s", tokens / t_extract, forward_rate),
+        *(row(f"disk write, {n} thread(s), fsync: GB/s", rate / 1e9, digits=2) for n, rate in disk.items()),
+        row("one shard, 1 thread, save_file + SHA-256 read back (no fsync): GB/s", write_before / 1e9, digits=2),
+        row("one shard, 1 thread, write_safetensors (fsync): GB/s", write_after / 1e9, best_disk / 1e9, 2),
+        row("bytes per token", per_token),
+        row("disk bound (best disk GB/s / bytes per token): tokens/s", disk_bound),
+        *(
+            row(f"full loop, {label}, {w} writer(s): tokens/s", rate, min(forward_rate, disk_bound))
+            for w, rate in loops.items()
+        ),
+        row(
+            f"full loop, {args.shard_size} chats of {min(256, args.seq)}..{args.seq} per shard, {w_mixed} writers: "
+            "tokens/s",
+            loop_mixed,
+            min(mixed_forward_rate, disk_bound),
+        ),
+    ]
+    print_table(rows)
     print(
-        f"per shard of {label}: forward {t_forward * 1e3:.0f} ms, extract_shard {t_extract * 1e3:.0f} ms, "
-        f"save {t_save * 1e3:.0f} ms in each of {args.writers} writer threads ({shard_bytes / 2**20:,.0f} MiB of "
-        f"states, {shard_bytes / t_save / 1e9:.1f} GB/s per thread), loop {t_pipeline * 1e3:.0f} ms; "
-        f"FLOPs {flops / 1e12:.1f} T"
+        f"targets: forward only against the FLOP bound; the full loop against min(forward only, disk bound); "
+        f"forward only on the mixed chats' padded batches: {mixed_forward_rate:,.0f} tokens/s; "
+        f"one shard of {label}: {tokens * per_token / 2**20:,.0f} MiB"
     )
     return 0
 

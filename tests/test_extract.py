@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import importlib.metadata
 import itertools
 import json
@@ -18,7 +19,7 @@ from backends import demo_target
 from backends.eagle3_contract import read_manifest, read_shard
 from backends.extract import capture
 from backends.extract.cli import main
-from backends.extract.output import PROGRESS, sha256_file
+from backends.extract.output import PROGRESS
 from backends.protocol import ENV_METRICS_FILE
 from tests.conftest import REPO
 
@@ -107,7 +108,9 @@ def test_extraction_writes_shards_and_a_manifest_that_match_the_target(target: P
         assert sample["aux_hidden_states"].shape == (tokens, 3 * 64)
         assert sample["hidden_state"].dtype == torch.float32
     progress = json.loads((out / PROGRESS).read_text())
-    assert [s["sha256"] for s in progress["shards"]] == [sha256_file(out / s.file) for s in manifest.shards]
+    assert [s["sha256"] for s in progress["shards"]] == [
+        hashlib.sha256((out / s.file).read_bytes()).hexdigest() for s in manifest.shards
+    ]
 
 
 def test_states_equal_a_direct_forward_pass(target: Path, model: Any, tmp_path: Path) -> None:
@@ -259,7 +262,7 @@ def test_resume_after_a_crash_skips_finished_shards_and_matches_a_clean_run(
 ) -> None:
     clean = tmp_path / "clean"
     assert extract(target, clean, "--limit", "12", "--shard-size", "4") == 0
-    real = capture.capture_batch
+    real = capture.capture_states
     calls: list[int] = []
 
     def crash_on_third_call(*args: Any, **kwargs: Any) -> Any:
@@ -269,7 +272,7 @@ def test_resume_after_a_crash_skips_finished_shards_and_matches_a_clean_run(
         return real(*args, **kwargs)
 
     out = tmp_path / "out"
-    monkeypatch.setattr(capture, "capture_batch", crash_on_third_call)
+    monkeypatch.setattr(capture, "capture_states", crash_on_third_call)
     with pytest.raises(RuntimeError, match="simulated crash"):
         extract(target, out, "--limit", "12", "--shard-size", "4")
     assert not (out / "manifest.json").exists()
@@ -281,7 +284,7 @@ def test_resume_after_a_crash_skips_finished_shards_and_matches_a_clean_run(
         return real(*args, **kwargs)
 
     calls.clear()
-    monkeypatch.setattr(capture, "capture_batch", count)
+    monkeypatch.setattr(capture, "capture_states", count)
     assert extract(target, out, "--limit", "12", "--shard-size", "4") == 0
     assert len(calls) == 1  # only the third shard ran through the target
     assert "2 finished shards kept" in capsys.readouterr().out

@@ -1,11 +1,13 @@
 """The target forward pass that produces the hidden states a draft trains on.
 
-`capture_batch` runs the target's base model (no lm_head: the trainer applies it
-to `hidden_state` itself) over a right-padded batch with
+`capture_states` runs the target's base model (no lm_head: the trainer applies
+it to `hidden_state` itself) over a right-padded batch with
 `output_hidden_states=True` and returns, per sample, the final hidden state
 (`last_hidden_state`, after the final norm) and the aux layers concatenated in
-the order given. Aux id X is the output of layer X = HF `hidden_states[X + 1]`.
-The benchmark (`benchmarks.extract_throughput`) times this same function.
+the order given, left on the device for the pipeline to copy while the next
+batch runs; `capture_batch` returns the same on the CPU. Aux id X is the output
+of layer X = HF `hidden_states[X + 1]`. The benchmark
+(`benchmarks.extract_throughput`) times the pipeline over `capture_states`.
 """
 
 from __future__ import annotations
@@ -24,7 +26,8 @@ DTYPES = ("bfloat16", "float16", "float32")
 
 @dataclass
 class Captured:
-    """One sample's states, on the CPU: hidden [T, H], aux [T, len(aux_ids) * H]."""
+    """One sample's states: hidden [T, H], aux [T, len(aux_ids) * H], on the CPU or on the GPU that computed them
+    (queued on its current stream, maybe not computed yet: copy them on a stream that waits for it)."""
 
     hidden_state: torch.Tensor
     aux_hidden_states: torch.Tensor
@@ -47,7 +50,7 @@ class HFCapturer:
     pad_id: int
 
     def capture(self, batch: list[list[int]]) -> list[Captured]:
-        return capture_batch(self.model, batch, self.aux_ids, self.pad_id)
+        return capture_states(self.model, batch, self.aux_ids, self.pad_id)
 
 
 def resolve_dtype(name: str, device: str) -> str:
@@ -101,6 +104,14 @@ def forward_states(
         layers = [out.hidden_states[hf_hidden_state_index(i)] for i in aux_ids]
         aux = torch.cat([layer.to(layers[-1].device) for layer in layers], dim=-1)
     return out.last_hidden_state, aux
+
+
+def capture_states(model: Any, batch: list[list[int]], aux_ids: list[int], pad_id: int) -> list[Captured]:
+    """Hidden states for each token sequence of `batch` (any lengths; padded on the right here), as views of the
+    padded batch's states where the target left them, not waited for."""
+    input_ids, attention_mask = pad_batch(batch, pad_id)
+    hidden, aux = forward_states(model, input_ids, attention_mask, aux_ids)
+    return [Captured(hidden[row, : len(ids)], aux[row, : len(ids)]) for row, ids in enumerate(batch)]
 
 
 def capture_batch(model: Any, batch: list[list[int]], aux_ids: list[int], pad_id: int) -> list[Captured]:

@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from backends.eagle3_contract import SHARD_PATTERN, ContractError, Manifest, default_aux_layers, write_shard
+from backends.eagle3_contract import ContractError, Manifest, default_aux_layers
 from backends.extract import capture, sglang_capture
 from backends.extract.args import build_parser
 from backends.extract.data import DEMO, DataError, Dataset, load_dataset
@@ -33,9 +33,9 @@ from backends.extract.output import (
     open_output,
     record_shard,
     remove_if_empty,
-    seal_shard,
+    save_shard,
 )
-from backends.extract.pipeline import Row, ShardJob, run_pipeline
+from backends.extract.pipeline import HostShard, ShardJob, run_pipeline
 from backends.extract.template import ChatTokenizer, TemplateError, TokenizedChat
 from backends.fileio import append_jsonl
 from backends.host import cpus
@@ -229,18 +229,17 @@ def run_shards(
 
     reporter = Reporter(progress, progress.settings.shard_size)
 
-    def save(job: ShardJob, rows: list[Row]) -> ShardRecord:
-        file = write_shard(out / SHARD_PATTERN.format(index=job.index), rows).file if rows else None
-        shard = ShardRecord(
+    def save(job: ShardJob, shard: HostShard | None) -> ShardRecord:
+        record = ShardRecord(
             index=job.index,
-            file=file,
+            file=None,
             first_chat=job.first_chat,
             end_chat=job.end_chat,
-            samples=len(rows),
+            samples=len(job.samples),
             tokens=sum(len(s.input_ids) for s in job.samples),
             dropped=job.dropped,
         )
-        return seal_shard(out, shard)
+        return save_shard(out, record, shard.tensors if shard else None)
 
     def record(shard: ShardRecord) -> None:
         record_shard(out, progress, shard)

@@ -1,6 +1,6 @@
 """The extraction's output folder: shards, a progress record, and the manifest at the end.
 
-    OUT/shard-00000.safetensors ...   written by eagle3_contract.write_shard
+    OUT/shard-00000.safetensors ...   written by eagle3_contract.write_safetensors
     OUT/progress.json                 settings + finished shards, rewritten after each shard
     OUT/manifest.json                 written once, when every shard is done
 
@@ -13,7 +13,8 @@ one that does not is extracted again, with everything after it. A folder made
 with other settings is refused rather than mixed.
 
 The manifest's `content_hash` is the SHA-256 of one line per shard, in order:
-the file name, a space, the hex SHA-256 of the file, a newline.
+the file name, a space, the hex SHA-256 of the file, a newline. Each file's
+SHA-256 is taken from its bytes as they are written, not read back.
 """
 
 from __future__ import annotations
@@ -21,12 +22,16 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from backends.eagle3_contract import MANIFEST, Manifest, ShardInfo
+from backends.eagle3_contract import MANIFEST, SHARD_PATTERN, Manifest, ShardInfo, write_safetensors
 from backends.fileio import atomic_write_json
+
+if TYPE_CHECKING:
+    import torch
 
 PROGRESS = "progress.json"
 PROGRESS_VERSION = 1
@@ -96,14 +101,6 @@ class Progress:
 
     def save(self, out: Path) -> None:
         atomic_write_json(out / PROGRESS, asdict(self))
-
-
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while chunk := fh.read(1 << 22):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def content_hash(shards: list[ShardRecord]) -> str:
@@ -182,12 +179,12 @@ def remove_if_empty(out: Path) -> None:
         out.rmdir()
 
 
-def seal_shard(out: Path, shard: ShardRecord) -> ShardRecord:
-    """Fill in the size and SHA-256 of a shard's written file (none for a shard without one)."""
-    if shard.file is not None:
-        path = out / shard.file
-        shard.bytes = path.stat().st_size
-        shard.sha256 = sha256_file(path)
+def save_shard(out: Path, shard: ShardRecord, tensors: Mapping[str, torch.Tensor] | None) -> ShardRecord:
+    """Write a shard's file (none when every chat of its range was dropped) and fill in its name, size and
+    SHA-256."""
+    if tensors is not None:
+        shard.file = SHARD_PATTERN.format(index=shard.index)
+        shard.bytes, shard.sha256 = write_safetensors(out / shard.file, {name: [t] for name, t in tensors.items()})
     return shard
 
 
