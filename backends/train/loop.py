@@ -100,12 +100,17 @@ def prepare(options: TrainOptions, ctx: distributed.Dist) -> Run:
     """Read and check everything; build the draft, optimizer and schedule (restored with --resume)."""
     options.validate()
     threads = use_cpu_threads(options, ctx)
-    target_cfg = read_target_config(options.target)
+    source: Source
+    if options.online:
+        target_cfg = read_target_config(options.target)
+        source = open_online(options, target_cfg)
+    else:
+        source = open_shards(options)
+        target_cfg = read_target_config(options.target)
+    manifest = source.manifest
     latest = checkpoint.latest_checkpoint(options.out)
     if latest is not None and not options.resume:
         raise TrainError(f"{latest} already exists: pass --resume to continue that run, or choose another --out")
-    source: Source = open_online(options, target_cfg) if options.online else open_shards(options)
-    manifest = source.manifest
     check_target(manifest, target_cfg)
     if latest is not None:
         online.check_same_data(latest, manifest)
