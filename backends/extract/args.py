@@ -11,7 +11,8 @@ from backends.extract.capture import DTYPES
 PROG = "python -m backends.extract"
 # Shard-writing threads. One writes about 0.9 GB/s (SHA-256 bound), and the H200 host's disk gave its full
 # 2 GB/s only to 8 at once: the loop reached 0.75 of that bound with 4 writers, 0.95 with 8
-# (benchmarks.extract_throughput). Each holds a shard in pinned host memory: fewer on a host short of it.
+# (benchmarks.extract_throughput). Each holds a shard in pinned host memory: by default no more than a
+# quarter of the host's available memory allows (backends.extract.cli.choose_writers).
 DEFAULT_WRITERS = 8
 DESCRIPTION = "Run a target model over chats and save the hidden states an EAGLE-3 draft trains on."
 
@@ -69,9 +70,9 @@ def add_arguments(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> 
     parser.add_argument(
         "--writers",
         type=positive_int,
-        default=DEFAULT_WRITERS,
-        help=f"threads writing shards while the target runs (default {DEFAULT_WRITERS}; each holds one shard in "
-        "pinned host memory, e.g. 2.7 GB for 64 chats of 2048 tokens of a 1B target: fewer on a host short of it)",
+        help=f"threads writing shards while the target runs (default {DEFAULT_WRITERS}, fewer where a quarter of "
+        "the available memory cannot hold them: each holds one shard in pinned host memory, up to 2.7 GB for 64 "
+        "chats of 2048 tokens of a 1B target)",
     )
     parser.add_argument(
         "--threads", type=positive_int, help="CPU threads when the target runs on the CPU (default: the idle CPUs)"

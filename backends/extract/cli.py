@@ -22,7 +22,7 @@ from pathlib import Path
 
 from backends.eagle3_contract import ContractError, Manifest, default_aux_layers
 from backends.extract import capture, sglang_capture
-from backends.extract.args import build_parser
+from backends.extract.args import DEFAULT_WRITERS, build_parser
 from backends.extract.data import DEMO, DataError, Dataset, load_dataset
 from backends.extract.output import (
     OutputError,
@@ -39,6 +39,7 @@ from backends.extract.pipeline import HostShard, ShardJob, run_pipeline
 from backends.extract.template import ChatTokenizer, TemplateError, TokenizedChat
 from backends.fileio import append_jsonl
 from backends.host import cpus
+from backends.host.memory import available_bytes
 from backends.protocol import ENV_METRICS_FILE, Metric, MetricRow
 
 NO_ASSISTANT_TOKEN = "no assistant token within --max-length"
@@ -114,6 +115,26 @@ def use_cpu_threads(requested: int | None) -> str:
     threads, why = cpus.cpu_threads(requested)
     torch.set_num_threads(threads)
     return f", {threads} CPU thread(s) ({why})"
+
+
+# Pinned host memory the shards in flight may take by default: a share of what the host has available.
+WRITER_MEMORY_SHARE = 0.25
+
+
+def choose_writers(requested: int | None, shard_bytes: int, available: int | None) -> tuple[int, str]:
+    """The shard-writing threads: `requested`, else DEFAULT_WRITERS capped so that the shards in flight
+    (writers + the one being extracted, each at most `shard_bytes`) fit in a quarter of the available memory."""
+    gb = f"{shard_bytes / 1e9:.1f} GB"
+    if requested is not None:
+        return requested, f"{requested} writer(s) (--writers), each shard up to {gb} of pinned memory"
+    if available is None:
+        return DEFAULT_WRITERS, f"{DEFAULT_WRITERS} writers, each shard up to {gb} of pinned memory"
+    fit = int(available * WRITER_MEMORY_SHARE // max(shard_bytes, 1)) - 1
+    writers = max(1, min(DEFAULT_WRITERS, fit))
+    return writers, (
+        f"{writers} writer(s), each shard up to {gb} of pinned memory "
+        f"({available / 1e9:.0f} GB available; --writers to change)"
+    )
 
 
 def choose_device(requested: str | None) -> str:
@@ -326,6 +347,10 @@ def run(args: argparse.Namespace) -> int:
     if progress.shards:
         print(f"resume: {len(progress.shards)} finished shards kept, from chat {progress.next_chat}")
     print(f"target: {target.architecture}, {target.num_layers} layers, aux ids {aux_ids}, {dtype} on {device}{threads}")
+    # At most: every chat of a shard at --max-length, final and aux states in the chosen dtype.
+    token_bytes = (len(aux_ids) + 1) * target.hidden_size * (4 if dtype == "float32" else 2)
+    args.writers, why = choose_writers(args.writers, args.shard_size * args.max_length * token_bytes, available_bytes())
+    print(f"shards: {why}")
     tokenizer = chat_tokenizer.tokenizer
     pad_id = next(i for i in (tokenizer.pad_token_id, tokenizer.eos_token_id, 0) if i is not None)
     capturer = load_capturer(target, args, sglang, device, dtype, aux_ids, pad_id)
