@@ -358,3 +358,29 @@ def test_progress_rows_go_to_the_metrics_file(target: Path, tmp_path: Path, monk
     assert rows[-1]["samples"] == 6 and rows[-1]["eta_s"] == 0
     assert rows[-1]["tokens"] == read_manifest(tmp_path / "out").tokens
     assert rows[0]["tokens"] < rows[1]["tokens"] < rows[2]["tokens"]
+
+
+def test_aux_states_come_from_hooks_on_the_aux_layers_alone_and_equal_every_hidden_state_path(
+    model: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The hooks give HF's hidden_states[X + 1] for every aux id X without keeping the other layers' outputs,
+    leave no hook behind (also when the pass fails), and an architecture without `base_model.layers` falls
+    back to output_hidden_states."""
+    layers = model.model.layers
+    ids, mask = capture.pad_batch([[5, 9, 11, 7, 3], [8, 6]], pad_id=0)
+    aux_ids = [0, 2, 3, 6]
+    with torch.no_grad():
+        every = model.model(input_ids=ids, attention_mask=mask, output_hidden_states=True).hidden_states
+    hooks_before = [len(layer._forward_hooks) for layer in layers]  # transformers keeps hooks of its own
+    hidden, aux = capture.forward_states(model, ids, mask, aux_ids)
+    torch.testing.assert_close(aux, torch.cat([every[i + 1] for i in aux_ids], -1))
+    torch.testing.assert_close(hidden, every[-1])
+    assert [len(layer._forward_hooks) for layer in layers] == hooks_before
+    monkeypatch.setattr(capture, "decoder_layers", lambda _: None)
+    fallback_hidden, fallback_aux = capture.forward_states(model, ids, mask, aux_ids)
+    torch.testing.assert_close(fallback_aux, aux)
+    torch.testing.assert_close(fallback_hidden, hidden)
+    monkeypatch.undo()
+    with pytest.raises(IndexError):
+        capture.forward_states(model, ids + 10**6, mask, aux_ids)  # token ids outside the embedding
+    assert [len(layer._forward_hooks) for layer in layers] == hooks_before

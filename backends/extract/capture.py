@@ -1,13 +1,13 @@
 """The target forward pass that produces the hidden states a draft trains on.
 
 `capture_states` runs the target's base model (no lm_head: the trainer applies
-it to `hidden_state` itself) over a right-padded batch with
-`output_hidden_states=True` and returns, per sample, the final hidden state
-(`last_hidden_state`, after the final norm) and the aux layers concatenated in
-the order given, left on the device for the pipeline to copy while the next
-batch runs; `capture_batch` returns the same on the CPU. Aux id X is the output
-of layer X = HF `hidden_states[X + 1]`. The benchmark
-(`benchmarks.extract_throughput`) times the pipeline over `capture_states`.
+it to `hidden_state` itself) over a right-padded batch and returns, per sample,
+the final hidden state (`last_hidden_state`, after the final norm) and the aux
+layers concatenated in the order given (`forward_states`: hooks on those
+layers), left on the device for the pipeline to copy while the next batch
+runs. Aux id X is the output of layer X = HF `hidden_states[X + 1]`. The
+benchmark (`benchmarks.extract_throughput`) times the pipeline over
+`capture_states`.
 """
 
 from __future__ import annotations
@@ -85,24 +85,53 @@ def pad_batch(batch: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.
     return input_ids, attention_mask
 
 
+def decoder_layers(model: Any) -> Any:
+    """The base model's decoder layers (a ModuleList), or None for an architecture that keeps them elsewhere."""
+    import torch
+
+    layers = getattr(model.base_model, "layers", None)
+    return layers if isinstance(layers, torch.nn.ModuleList) else None
+
+
 def forward_states(
     model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, aux_ids: list[int]
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(final hidden state [B, T, H], aux layers concatenated [B, T, len(aux_ids) * H]) on the device
-    (the last layer's device when the target is spread over GPUs). Online training uses these directly."""
+    (the last layer's device when the target is spread over GPUs). Online training uses these directly.
+
+    The aux layers' outputs are taken by forward hooks on those layers alone: `output_hidden_states` would keep
+    every layer's output until the pass ends (21 GB for a 70B target over 16k tokens); it remains the way for
+    an architecture whose layers are not `base_model.layers`.
+    """
     import torch
 
     device = model.device
-    with torch.inference_mode():
-        out = model.base_model(
-            input_ids=input_ids.to(device),
-            attention_mask=attention_mask.to(device),
-            output_hidden_states=True,
-            use_cache=False,
-        )
-        # With the layers spread over GPUs (--device auto) each layer's output is on its own GPU.
-        layers = [out.hidden_states[hf_hidden_state_index(i)] for i in aux_ids]
-        aux = torch.cat([layer.to(layers[-1].device) for layer in layers], dim=-1)
+    layers = decoder_layers(model)
+    kept: dict[int, torch.Tensor] = {}
+
+    def keeper(index: int) -> Any:
+        def keep(module: Any, args: Any, output: Any) -> None:
+            kept[index] = output[0] if isinstance(output, tuple) else output
+
+        return keep
+
+    hooks = [layers[i].register_forward_hook(keeper(i)) for i in aux_ids] if layers is not None else []
+    try:
+        with torch.inference_mode():
+            out = model.base_model(
+                input_ids=input_ids.to(device),
+                attention_mask=attention_mask.to(device),
+                output_hidden_states=layers is None,
+                use_cache=False,
+            )
+            if layers is None:
+                kept = {i: out.hidden_states[hf_hidden_state_index(i)] for i in aux_ids}
+            # With the layers spread over GPUs (--device auto) each layer's output is on its own GPU.
+            last = kept[aux_ids[-1]].device
+            aux = torch.cat([kept[i].to(last) for i in aux_ids], dim=-1)
+    finally:
+        for hook in hooks:
+            hook.remove()
     return out.last_hidden_state, aux
 
 
@@ -112,22 +141,6 @@ def capture_states(model: Any, batch: list[list[int]], aux_ids: list[int], pad_i
     input_ids, attention_mask = pad_batch(batch, pad_id)
     hidden, aux = forward_states(model, input_ids, attention_mask, aux_ids)
     return [Captured(hidden[row, : len(ids)], aux[row, : len(ids)]) for row, ids in enumerate(batch)]
-
-
-def capture_batch(model: Any, batch: list[list[int]], aux_ids: list[int], pad_id: int) -> list[Captured]:
-    """Hidden states for each token sequence of `batch` (any lengths; padded on the right here)."""
-    import torch
-
-    lengths = [len(ids) for ids in batch]
-    input_ids, attention_mask = pad_batch(batch, pad_id)
-    hidden, aux = forward_states(model, input_ids, attention_mask, aux_ids)
-    # One transfer per tensor for the whole batch; per-sample slices are views of it.
-    hidden_cpu = to_host(hidden)
-    aux_cpu = to_host(aux)
-    for used in {hidden.device, aux.device}:
-        if used.type == "cuda":
-            torch.cuda.current_stream(used).synchronize()
-    return [Captured(hidden_cpu[row, :n], aux_cpu[row, :n]) for row, n in enumerate(lengths)]
 
 
 def to_host(tensor: torch.Tensor) -> torch.Tensor:
