@@ -152,6 +152,17 @@ def spawn() -> Iterator[Spawn]:
             child.wait()
 
 
+@pytest.fixture(scope="module")
+def one_torch_thread() -> Iterator[None]:
+    """Ops this small gain nothing from intra-op threads, and spinning threads stall badly on a busy machine."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="session")
 def target(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The demo target (tiny, random, built locally), shared by the extraction tests."""

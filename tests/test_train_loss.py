@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,12 +23,7 @@ from tests.conftest import REPO
 FIELDS = ("loss", "ploss", "ce_sum", "in_loss", "correct", "counted")
 
 
-@pytest.fixture(autouse=True)
-def one_thread() -> Iterator[None]:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @dataclass
