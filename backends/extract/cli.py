@@ -161,7 +161,9 @@ def load_chat_tokenizer(target: Path, template_file: Path | None) -> ChatTokeniz
     try:
         tokenizer = AutoTokenizer.from_pretrained(target)
     except (OSError, ValueError) as exc:
-        raise ExtractFailed(f"cannot load the tokenizer of {target}: {exc}") from None
+        # transformers' reasons run over several lines; the first says what is missing.
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise ExtractFailed(f"cannot load the tokenizer of {target}: {first}") from None
     try:
         return ChatTokenizer(tokenizer, template)
     except TemplateError as exc:

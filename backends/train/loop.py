@@ -67,10 +67,6 @@ class Run:
     threads: str  # the CPU threads per process and why ("" on a GPU)
 
     @property
-    def manifest(self) -> Manifest:
-        return self.source.manifest
-
-    @property
     def layout(self) -> Layout:
         pad = self.options.pad_multiple or (GPU_PAD_MULTIPLE if self.ctx.device.type == "cuda" else 1)
         return Layout(self.options.batch_size, self.ctx.world, self.ctx.rank, pad, self.options.max_length)
@@ -88,9 +84,9 @@ def open_shards(options: TrainOptions) -> ShardSource:
     return ShardSource(manifest, ShardReader(options.data, manifest), split)
 
 
-def open_online(options: TrainOptions, target_cfg: TargetConfig) -> online.OnlineSource:
+def open_online(options: TrainOptions, target_cfg: TargetConfig, ctx: distributed.Dist) -> online.OnlineSource:
     chat_tokenizer, samples, *data = online.load_chats(options)
-    manifest = online.online_manifest(options, target_cfg, chat_tokenizer, samples, (data[0], data[1]))
+    manifest = online.online_manifest(options, target_cfg, chat_tokenizer, samples, (data[0], data[1]), ctx.device.type)
     tokenizer = chat_tokenizer.tokenizer
     pad_id = next(i for i in (tokenizer.pad_token_id, tokenizer.eos_token_id, 0) if i is not None)
     return online.OnlineSource(manifest, samples, held_out(options, len(samples)), pad_id)
@@ -103,7 +99,7 @@ def prepare(options: TrainOptions, ctx: distributed.Dist) -> Run:
     source: Source
     if options.online:
         target_cfg = read_target_config(options.target)
-        source = open_online(options, target_cfg)
+        source = open_online(options, target_cfg, ctx)
     else:
         source = open_shards(options)
         target_cfg = read_target_config(options.target)
@@ -142,7 +138,8 @@ def prepare(options: TrainOptions, ctx: distributed.Dist) -> Run:
         trainer.restore(checkpoint.load_training_state(latest))
     if isinstance(source, online.OnlineSource):
         placement = online.choose_placement(options.target_placement, ctx, options.target)
-        source.attach(online.load_target_model(options.target, ctx, placement), placement, ctx)
+        model = online.load_target_model(options.target, ctx, placement, manifest.dtype)
+        source.attach(model, placement, ctx)
     return Run(options, ctx, source, trainer, vocab, latest, threads)
 
 

@@ -25,6 +25,7 @@ Placement under torchrun (one process per GPU; the draft is data-parallel as off
 from __future__ import annotations
 
 import importlib.metadata
+import json
 import time
 from collections.abc import Generator, Iterator
 from dataclasses import dataclass, field
@@ -35,9 +36,9 @@ import torch
 
 from backends.eagle3_contract import MANIFEST, ContractError, Manifest
 from backends.extract import capture
-from backends.extract.cli import UsageError, choose_layers, tokenize_chats
+from backends.extract.cli import ExtractFailed, UsageError, choose_layers, load_chat_tokenizer, tokenize_chats
 from backends.extract.data import DEMO, DataError, load_dataset
-from backends.extract.template import ChatTokenizer, TemplateError
+from backends.extract.template import ChatTokenizer
 from backends.train.data import Batch, Layout, Span, epoch_order, skip_samples
 from backends.train.distributed import Dist
 from backends.train.errors import TrainError, TrainingFailed
@@ -91,24 +92,13 @@ def tokenize(chat_tokenizer: ChatTokenizer, chats: list[list[dict[str, str]]], m
 
 def load_chats(options: TrainOptions) -> tuple[ChatTokenizer, Samples, str, str]:
     """(the chat tokenizer, the samples, the data's name, its SHA-256), or TrainError."""
-    from transformers import AutoTokenizer
-
     spec = str(options.data)
     if spec != DEMO and not options.data.is_file():
         raise TrainError(f"--data {spec}: no such file (with --online, a JSONL file of chats, or demo)")
-    template = None
-    if options.chat_template is not None:
-        try:
-            template = options.chat_template.read_text()
-        except OSError as exc:
-            raise TrainError(f"--chat-template {options.chat_template}: {exc.strerror or exc}") from None
     try:
-        chat_tokenizer = ChatTokenizer(AutoTokenizer.from_pretrained(options.target), template)
-    except TemplateError as exc:
+        chat_tokenizer = load_chat_tokenizer(options.target, options.chat_template)
+    except (UsageError, ExtractFailed) as exc:  # both mean a bad --target or --chat-template here: exit 2
         raise TrainError(str(exc)) from None
-    except (OSError, ValueError) as exc:
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        raise TrainError(f"cannot load the tokenizer of {options.target}: {first}") from None
     try:
         dataset = load_dataset(spec, options.limit)
     except DataError as exc:
@@ -129,7 +119,12 @@ def load_chats(options: TrainOptions) -> tuple[ChatTokenizer, Samples, str, str]
 
 
 def online_manifest(
-    options: TrainOptions, target: TargetConfig, chat_tokenizer: ChatTokenizer, samples: Samples, data: tuple[str, str]
+    options: TrainOptions,
+    target: TargetConfig,
+    chat_tokenizer: ChatTokenizer,
+    samples: Samples,
+    data: tuple[str, str],
+    device_type: str,
 ) -> Manifest:
     """The contract an extraction would have written for these chats: the checkpoints carry it, and doctor
     checks an online-trained draft against it as against an extraction's."""
@@ -143,7 +138,7 @@ def online_manifest(
         num_layers=target.num_layers,
         hidden_size=target.hidden_size,
         vocab_size=target.vocab_size,
-        dtype=capture.resolve_dtype("auto", "cuda" if torch.cuda.is_available() else "cpu"),
+        dtype=capture.resolve_dtype("auto", device_type),
         aux_layer_ids=aux_ids,
         tokenizer=str(options.target.resolve()),
         chat_template=chat_tokenizer.template,
@@ -164,8 +159,6 @@ def online_manifest(
 
 def check_same_data(checkpoint: Path, manifest: Manifest) -> None:
     """A resume continues the data position of `checkpoint`'s run: refuse data or layers other than its own."""
-    import json
-
     try:
         recorded = json.loads((checkpoint / MANIFEST).read_bytes())
     except FileNotFoundError:
@@ -207,13 +200,12 @@ def choose_placement(requested: str, ctx: Dist, target: Path) -> str:
     return "spread" if torch.cuda.device_count() > 1 else "replicate"
 
 
-def load_target_model(path: Path, ctx: Dist, placement: str) -> Any:
+def load_target_model(path: Path, ctx: Dist, placement: str, dtype: str) -> Any:
     """The target in eval mode: whole on this process's device, or tensor-parallel over every process."""
     from safetensors import SafetensorError
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
-    dtype = capture.resolve_dtype("auto", ctx.device.type)
     # The run's log is read by people and the console, not redrawn in a terminal.
     hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
     try:
