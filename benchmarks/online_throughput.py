@@ -18,7 +18,17 @@ draft. Timed, each after --warmup steps, over --steps steps:
 the shards (about 64 KB a token for a 70B target, 2 x 4 x 4096 x 2 = 32 KB here) and without waiting for an
 extraction to finish before training starts.
 
-Measured on one H200 (torch 2.11, transformers 5.17, 2026-12-01; batch 8 x 2048, TTT 7, 8 steps after 3):
+Measured on one H200 (torch 2.11, transformers 5.17, 2026-12-02; batch 8 x 2048, TTT 7, compiled, 4 steps
+after 2; the trainer with its 2026-12-02 speed-ups and the target's forward through hooks):
+| target forward | 34,863 tokens/s |
+| trainer on ready states | 44,970 |
+| offline, both stages | 19,638 |
+| online, one job | 19,460 (0.99x), 45.8 GiB peak |
+The trainer's rate on these batches is above `benchmarks.train_throughput`'s (34k), most likely because a
+random target's argmax falls in the draft vocabulary about a quarter of the time (32,000 of 128,256 ids), so
+the loss reads fewer rows than with that benchmark's synthetic teacher (95%); not measured apart.
+
+The day before (2026-12-01; 8 steps after 3), before the trainer's speed-ups and the hooks:
 | | compiled | without torch.compile |
 | target forward | 34,862 tokens/s | 34,889 |
 | trainer on ready states | 33,126 | 25,986 |

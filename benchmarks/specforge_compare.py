@@ -30,21 +30,28 @@ Peak memory is torch's max_memory_allocated over the variant's build and steps,
 less what earlier variants left allocated (SpecForge's FSDP run leaves about 10
 GiB), the shared batch included; tokens/s counts every position of the batch.
 
-Measured on one H200 (2026-12-01; torch 2.11, transformers 5.17, SpecForge 0.2.0;
-6 timed steps after 2):
+Measured on one H200 (2026-12-02; torch 2.11, transformers 5.17, SpecForge 0.2.0;
+6 timed steps after 2; the sdpa backend, 16,270 and 12,725 tokens/s on 2026-12-01,
+was not run again):
 
-    batch     trainer                    tokens/s  peak GiB  ours/flex  ours/sdpa
-    8 x 2048  ours, compiled               33,152      31.8       1.31       2.04
-    8 x 2048  ours, --no-compile           30,031      39.0       1.18       1.85
-    8 x 2048  SpecForge, flex_attention    25,376      64.4
-    8 x 2048  SpecForge, sdpa              16,270     107.2
-    1 x 2048  ours, compiled               29,890      11.7       1.89       2.35
-    1 x 2048  ours, --no-compile           26,358      12.6       1.67       2.07
-    1 x 2048  SpecForge, flex_attention    15,805      13.2
-    1 x 2048  SpecForge, sdpa              12,725      18.3
+    batch     trainer                   tokens/s  peak GiB  ours/flex
+    8 x 2048  ours, compiled              34,248      31.2       1.37
+    8 x 2048  ours, --no-compile          30,720      38.5       1.23
+    8 x 2048  SpecForge, flex_attention   24,952      64.3
+    1 x 2048  ours, compiled              30,648      11.6       1.94
+    1 x 2048  ours, --no-compile          25,469      14.0       1.61
+    1 x 2048  SpecForge, flex_attention   15,834      13.2
 
-With --prompt 512 (a quarter of each sample outside the loss), batch 8: ours
-compiled 37,323 tokens/s (31.3 GiB), SpecForge flex_attention 26,194 (64.3 GiB): 1.42.
+After that run, the fused weights are cast once per step rather than at each of
+the 7 steps (autocast kept every copy for backward): ours without compile then
+took 12.4 GiB at batch 1 (27,298 tokens/s) and 37.0 GiB at batch 8 (30,906),
+measured by benchmarks.train_throughput on the same machine.
+
+The day before (2026-12-01), before the embedding half of the attention's input
+was projected once for all steps and q/k/v and gate/up were fused: 1.31 / 1.18
+at 8 x 2048 and 1.89 / 1.67 at 1 x 2048. With --prompt 512 (a quarter of each
+sample outside the loss), batch 8: ours compiled 37,323 tokens/s (31.3 GiB),
+SpecForge flex_attention 26,194 (64.3 GiB): 1.42.
 """
 
 from __future__ import annotations

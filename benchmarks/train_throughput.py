@@ -24,16 +24,21 @@ The synthetic teacher's argmax falls in the draft vocabulary 95% of the time
 (--in-vocab; a random lm_head would put it there 25% of the time, while the
 draft vocabulary of real data covers most argmaxes) and each sample's first 16
 tokens are outside the loss (--prompt). The FLOP model counts the lm_head on
-every row; the trainer computes it only on the rows in the loss (94% here).
+every row; the trainer computes it only on the rows in the loss (94% here). It
+also counts the embedding half of the attention's input projection at every
+step, as the formula reads; the trainer projects it once for all steps (about
+6% of the FLOPs), so MFU here is of the formula's FLOPs, and tokens/s is the
+figure to compare.
 
-Measured on one H200 (torch 2.11, 2026-12-01, by benchmarks.specforge_compare,
-which runs this trainer and SpecForge's on the same batches): batch 8 x 2048,
-compiled 33,150 tokens/s = 54.9% MFU (0.49 s a step, 35 s of warmup and
-compilation, 32 GiB peak), without torch.compile (flex attention still
-compiled) 30,030 tokens/s = 49.7% MFU (39 GiB); batch 1 x 2048, compiled 29,890
-(12 GiB), without 26,360 (13 GiB). With --prompt 512 (a quarter of each sample
-outside the loss) compiled 37,320 tokens/s at batch 8. Matrix products take 79%
-of the compiled step's device time; the loss kernel 2%.
+Measured on one H200 (torch 2.11, 2026-12-02; 4 timed steps after 2): batch 8 x
+2048, compiled 34,185 tokens/s = 56.6% MFU (0.48 s a step, 25 s of warmup and
+compilation, 31.2 GiB peak), without torch.compile (flex attention still
+compiled) 30,906 tokens/s = 51.2% MFU (37.0 GiB); batch 1 x 2048, compiled
+30,779 (11.7 GiB), without 27,298 (12.4 GiB). The day before, before the
+embedding half was projected once and q/k/v and gate/up were fused: 33,150 and
+30,030 at batch 8, 29,890 and 26,360 at batch 1. With --prompt 512 (a quarter of
+each sample outside the loss) compiled 37,320 tokens/s at batch 8 (2026-12-01).
+Matrix products take 77% of the compiled step's device time; the loss kernel 2%.
 """
 
 from __future__ import annotations

@@ -47,12 +47,6 @@ def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor
     return torch.addcmul(x * cos, x.roll(x.shape[-1] // 2, dims=-1), sin)
 
 
-# Keys or values of the TTT steps so far, one [B, kv_heads, T, d] tensor per step. Passed
-# in and returned, never mutated: FSDP rebuilds a module's forward arguments, so
-# a container filled in place would be lost between steps.
-Past = tuple[torch.Tensor, ...]
-
-
 class Attention(nn.Module):
     def __init__(self, config: DraftConfig) -> None:
         super().__init__()
@@ -67,29 +61,37 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(width, self.kv_heads * self.head_dim, bias=False)
         self.o_proj = nn.Linear(self.heads * self.head_dim, config.hidden_size, bias=False)
 
+    def qkv_weight(self) -> torch.Tensor:
+        """q, k and v's projections as one matrix [(heads + 2 kv_heads) * d, 2H]: one product a step."""
+        return torch.cat([self.q_proj.weight, self.k_proj.weight, self.v_proj.weight])
+
     def forward(
         self,
-        x: torch.Tensor,
+        qkv: torch.Tensor,
         cos: torch.Tensor,
         sin: torch.Tensor,
-        past: tuple[Past, Past],
+        keys: list[torch.Tensor],
+        values: list[torch.Tensor],
         block_mask: BlockMask | None,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(output, this step's keys, this step's values)."""
-        batch, seq, _ = x.shape
-        q = self.q_proj(x).view(batch, seq, self.heads, self.head_dim).transpose(1, 2)
-        k = self.k_proj(x).view(batch, seq, self.kv_heads, self.head_dim).transpose(1, 2)
-        v = self.v_proj(x).view(batch, seq, self.kv_heads, self.head_dim).transpose(1, 2)
+    ) -> torch.Tensor:
+        """One TTT step from its projected input qkv [B, T, (heads + 2 kv_heads) * d]; appends this
+        step's keys and values to `keys` and `values`."""
+        batch, seq, _ = qkv.shape
+        q, k, v = torch.split(qkv, [self.heads * self.head_dim, *(2 * [self.kv_heads * self.head_dim])], dim=-1)
+        q = q.reshape(batch, seq, self.heads, self.head_dim).transpose(1, 2)
+        k = k.reshape(batch, seq, self.kv_heads, self.head_dim).transpose(1, 2)
+        v = v.reshape(batch, seq, self.kv_heads, self.head_dim).transpose(1, 2)
         half = sin.shape[-1] // 2
         cos, sin = cos.to(q.dtype), torch.cat([-sin[..., :half], sin[..., half:]], dim=-1).to(q.dtype)
         q, k = _rope(q, cos, sin), _rope(k, cos, sin)
-        keys, values = [*past[0], k], [*past[1], v]
+        keys.append(k)
+        values.append(v)
         if block_mask is None:
             out = eager_ttt_attention(q, keys, values)
         else:
             out = flex_ttt_attention(q, keys, values, block_mask)
         projected: torch.Tensor = self.o_proj(out.transpose(1, 2).reshape(batch, seq, self.heads * self.head_dim))
-        return projected, k, v
+        return projected
 
 
 class MLP(nn.Module):
@@ -101,14 +103,22 @@ class MLP(nn.Module):
         self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out: torch.Tensor = self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+    def gate_up_weight(self) -> torch.Tensor:
+        return torch.cat([self.gate_proj.weight, self.up_proj.weight])
+
+    def forward(self, x: torch.Tensor, gate_up: torch.Tensor) -> torch.Tensor:
+        gate, up = F.linear(x, gate_up).chunk(2, dim=-1)
+        out: torch.Tensor = self.down_proj(F.silu(gate) * up)
         return out
 
 
 class DecoderLayer(nn.Module):
+    """The draft's one layer, applied at every TTT step (one call runs them all: FSDP gathers
+    its parameters once, and the fused weights are built once)."""
+
     def __init__(self, config: DraftConfig) -> None:
         super().__init__()
+        self.hidden_size = config.hidden_size
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.hidden_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.self_attn = Attention(config)
@@ -121,19 +131,43 @@ class DecoderLayer(nn.Module):
         hidden: torch.Tensor,
         cos: torch.Tensor,
         sin: torch.Tensor,
-        past: tuple[Past, Past],
-        block_mask: BlockMask | None,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(output hidden state, keys, values) of one TTT step."""
-        x = torch.cat([self.input_layernorm(embeds), self.hidden_norm(hidden)], dim=-1)
-        attended, k, v = self.self_attn(x, cos, sin, past, block_mask)
-        hidden = hidden + attended
-        return hidden + self.mlp(self.post_attention_layernorm(hidden)), k, v
+        steps: int,
+        block_masks: list[BlockMask] | None,
+    ) -> torch.Tensor:
+        """The layer's output at every step, [steps, B, T, H]. hidden [B, T, H] is fc's output;
+        embeds [B, T-1+steps, H] the embeddings of x_1.. (zeros past the end), cos/sin [T-1+steps, d]:
+        step k reads the window [k, k+T) of both."""
+        seq = hidden.shape[1]
+        qkv_weight = _in_compute_dtype(self.self_attn.qkv_weight())
+        gate_up = _in_compute_dtype(self.mlp.gate_up_weight())
+        # The attention's input is cat(input_layernorm(embeds), hidden_norm(hidden)), so its projection
+        # is a sum of the two halves'. Step k's token at position t is step 0's at t + k: the embedding
+        # half is projected once, over the window of every step, and each step reads its own.
+        from_embeds = F.linear(self.input_layernorm(embeds), qkv_weight[:, : self.hidden_size])
+        from_hidden = qkv_weight[:, self.hidden_size :]
+        keys: list[torch.Tensor] = []
+        values: list[torch.Tensor] = []
+        outputs = []
+        for k in range(steps):
+            qkv = F.linear(self.hidden_norm(hidden), from_hidden) + from_embeds[:, k : k + seq]
+            mask = None if block_masks is None else block_masks[k]
+            hidden = hidden + self.self_attn(qkv, cos[k : k + seq], sin[k : k + seq], keys, values, mask)
+            hidden = hidden + self.mlp(self.post_attention_layernorm(hidden), gate_up)
+            outputs.append(hidden)
+        return torch.stack(outputs)
 
 
-def shift_left(ids: torch.Tensor, n: int) -> torch.Tensor:
-    """ids[:, n:] padded on the right with zeros to the same length."""
-    return F.pad(ids[:, n:], (0, min(n, ids.shape[1])))
+def _in_compute_dtype(weight: torch.Tensor) -> torch.Tensor:
+    """A computed weight cast once for every step to share: autocast casts a non-parameter
+    at each use and keeps each copy for backward (7 copies of the MLP's weights)."""
+    device = weight.device.type
+    return weight.to(torch.get_autocast_dtype(device)) if torch.is_autocast_enabled(device) else weight
+
+
+def extend_tokens(ids: torch.Tensor, steps: int) -> torch.Tensor:
+    """x_1.. followed by `steps` zeros: [B, T-1+steps]; step k's tokens are the window [k, k+T)
+    (at position t, x_{t+1+k}, zero past the end)."""
+    return F.pad(ids[:, 1:], (0, steps))
 
 
 class Eagle3Draft(nn.Module):
@@ -164,17 +198,11 @@ class Eagle3Draft(nn.Module):
     ) -> torch.Tensor:
         """The lm_head's input at every TTT step, [steps, B, T, H] (logits = lm_head of it);
         input_ids [B, T], aux [B, T, num_aux*H]. The loss applies the lm_head itself, to the
-        rows it needs only (loss.fused_ttt_loss)."""
+        rows it needs only (loss.fused_ttt_loss). With `block_masks` (one per step) the attention
+        is flex, else eager."""
         seq = input_ids.shape[1]
-        hidden = self.fc(aux_hidden_states)
-        keys: Past = ()
-        values: Past = ()
-        outputs = []
-        for k in range(steps):
-            embeds = self.embed_tokens(shift_left(input_ids, 1 + k))
-            cos, sin = self.rotary(torch.arange(k, k + seq, device=input_ids.device))
-            mask = None if block_masks is None else block_masks[k]
-            hidden, k_step, v_step = self.midlayer(embeds, hidden, cos, sin, (keys, values), mask)
-            keys, values = (*keys, k_step), (*values, v_step)
-            outputs.append(self.norm(hidden))
-        return torch.stack(outputs)
+        cos, sin = self.rotary(torch.arange(seq - 1 + steps, device=input_ids.device))
+        embeds = self.embed_tokens(extend_tokens(input_ids, steps))
+        hidden: torch.Tensor = self.midlayer(embeds, self.fc(aux_hidden_states), cos, sin, steps, block_masks)
+        normed: torch.Tensor = self.norm(hidden)
+        return normed
