@@ -66,7 +66,6 @@ import time
 import traceback
 from collections.abc import Callable
 from importlib.metadata import version
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -77,10 +76,9 @@ from backends.train.data import Batch
 from backends.train.trainer import build_draft
 from benchmarks._common import print_table
 from benchmarks.train_throughput import (
-    IN_VOCAB,
     LLAMA_31_8B,
-    PROMPT_TOKENS,
     TINY,
+    add_shape_arguments,
     make_trainer,
     synthetic_batch,
     target_matrices,
@@ -274,18 +272,8 @@ def free(device: torch.device) -> float:
 
 def main() -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.specforge_compare", description=__doc__)
-    parser.add_argument("--tiny", action="store_true", help="a tiny draft, for a CPU smoke run")
-    parser.add_argument("--batch-size", default=None, help="comma list; default 8,1 (tiny: 2,1)")
-    parser.add_argument("--seq", type=int, help="default 2048 (tiny: 64)")
-    parser.add_argument("--ttt", type=int, default=7)
-    parser.add_argument("--steps", type=int, default=6, help="timed steps")
-    parser.add_argument("--warmup", type=int, default=2, help="untimed steps first (compilation)")
+    add_shape_arguments(parser, batches="8,1 (tiny: 2,1)", steps=6, warmup=2)
     parser.add_argument("--variants", default=None, help=f"comma list of {', '.join(VARIANTS)}")
-    parser.add_argument("--in-vocab", type=float, default=IN_VOCAB, help="share of teacher argmaxes in the draft vocab")
-    parser.add_argument("--prompt", type=int, default=PROMPT_TOKENS, help="tokens of each sample outside the loss")
-    parser.add_argument("--results", type=Path, help="append one JSON line per measurement to this file")
-    parser.add_argument("--profile", action="store_true", help="print the top kernels of one more step of each")
-    parser.add_argument("--budget-s", type=float, default=1e9, help="skip variants once this much time has passed")
     args = parser.parse_args()
     started = time.perf_counter()
     ctx = distributed.init()

@@ -266,25 +266,30 @@ def profile_step(trainer: Trainer, batch: Batch, path: Path | None) -> str:
     return table
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.train_throughput", description=__doc__)
+def add_shape_arguments(parser: argparse.ArgumentParser, batches: str, steps: int, warmup: int) -> None:
+    """The batch shapes, the synthetic data and the timing, as both trainer benchmarks take them."""
     parser.add_argument("--tiny", action="store_true", help="a tiny draft, for a CPU smoke run")
-    parser.add_argument("--batch-size", default=None, help="comma list of batch sizes; default 8 (tiny: 2)")
+    parser.add_argument("--batch-size", default=None, help=f"comma list of batch sizes; default {batches}")
     parser.add_argument("--seq", type=int, help="default 2048 (tiny: 64)")
     parser.add_argument("--ttt", type=int, default=7)
-    parser.add_argument("--steps", type=int, default=8, help="timed steps")
-    parser.add_argument("--warmup", type=int, default=3, help="untimed steps first (compilation)")
-    parser.add_argument("--attention", default="auto", choices=("auto", "eager", "flex"))
-    parser.add_argument("--variants", default="plain,compiled", help="comma list of plain (no torch.compile), compiled")
+    parser.add_argument("--steps", type=int, default=steps, help="timed steps")
+    parser.add_argument("--warmup", type=int, default=warmup, help="untimed steps first (compilation)")
     parser.add_argument("--in-vocab", type=float, default=IN_VOCAB, help="share of teacher argmaxes in the draft vocab")
     parser.add_argument("--prompt", type=int, default=PROMPT_TOKENS, help="tokens of each sample outside the loss")
+    parser.add_argument("--results", type=Path, help="append one JSON line per measurement to this file")
+    parser.add_argument("--profile", action="store_true", help="print the top kernels of one more step of each")
+    parser.add_argument("--budget-s", type=float, default=1e9, help="skip variants once this much time has passed")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.train_throughput", description=__doc__)
+    add_shape_arguments(parser, batches="8 (tiny: 2)", steps=8, warmup=3)
+    parser.add_argument("--attention", default="auto", choices=("auto", "eager", "flex"))
+    parser.add_argument("--variants", default="plain,compiled", help="comma list of plain (no torch.compile), compiled")
     parser.add_argument(
         "--bf16-params", action="store_true", help="the draft's parameters in bf16 (timing only: no fp32 master copy)"
     )
-    parser.add_argument("--profile", action="store_true", help="profile one step of each variant")
-    parser.add_argument("--results", type=Path, help="append one JSON line per measurement to this file")
     parser.add_argument("--label", default="", help="a name for this run in --results")
-    parser.add_argument("--budget-s", type=float, default=1e9, help="skip variants once this much time has passed")
     args = parser.parse_args()
     started = time.perf_counter()
     ctx = distributed.init()

@@ -20,13 +20,14 @@ from backends.train import checkpoint, distributed
 from backends.train.__main__ import main
 from backends.train.attention import eager_ttt_attention, flex_ttt_attention, ttt_block_mask
 from backends.train.loop import prepare
-from backends.train.loss import simulated_accept_length, ttt_loss
+from backends.train.loss import simulated_accept_length
 from backends.train.metrics import plateaued
 from backends.train.options import TrainOptions
 from backends.train.schedule import lr_factor
-from backends.train.target import Teacher, TeacherTargets, load_target_matrices, read_target_config
+from backends.train.target import Teacher, load_target_matrices, read_target_config
 from backends.train.vocab import build_vocab_map, token_frequencies
 from tests.train_fixtures import read_rows, write_extraction, write_manifest, write_target
+from tests.train_reference import TeacherTargets, teacher_targets, ttt_loss
 
 REPO = Path(__file__).resolve().parent.parent
 DRAFT_VOCAB = 48  # < the 56 tokens the data uses: d2t is a real selection
@@ -396,7 +397,7 @@ def test_teacher_uses_the_lm_head_or_the_tied_embedding(tmp_path: Path) -> None:
     t2d[:32] = True
     teacher = Teacher(lm_head, torch.arange(32), t2d)
     hidden = torch.randn(2, 5, 32)
-    out = teacher.targets(hidden)
+    out = teacher_targets(teacher, hidden)
     logits = hidden @ lm_head.T
     torch.testing.assert_close(out.probs, torch.softmax(logits[..., :32], -1))
     assert torch.equal(out.in_vocab, logits.argmax(-1) < 32)

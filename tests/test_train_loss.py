@@ -16,9 +16,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from backends.train import loss, target
-from backends.train.loss import LossParts, fused_ttt_loss, loss_rows, ttt_loss
-from backends.train.target import Teacher, TeacherTargets
+from backends.train.loss import LossParts, fused_ttt_loss, loss_rows
+from backends.train.target import Teacher
 from tests.conftest import REPO
+from tests.train_reference import TeacherTargets, teacher_targets, ttt_loss
 
 FIELDS = ("loss", "ploss", "ce_sum", "in_loss", "correct", "counted")
 
@@ -160,7 +161,7 @@ def test_an_argmax_tied_across_the_draft_vocabulary_goes_to_the_smaller_target_i
     # Rows only where a loss token follows and a draft position reads the target (1 <= j <= T-2).
     assert rows.row.tolist() == [[-1, 0, 1, -1]]
     assert rows.in_vocab.tolist() == [[False, True, False, False]]
-    whole = teacher.targets(hidden)
+    whole = teacher_targets(teacher, hidden)
     assert whole.in_vocab.tolist() == [[False, True, False, True]]
     assert torch.equal(whole.in_vocab, t2d[(hidden @ lm_head.T).argmax(-1)])
 

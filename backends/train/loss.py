@@ -10,8 +10,9 @@ position mask); step k weighs 0.8**k. Accuracy at step k is unconditional
 (true tokens fed in) and has every counted position in its denominator, so a
 target argmax outside the draft vocabulary is a miss, as it is when serving.
 
-`ttt_loss` computes that from every step's logits; it is the definition. The
-trainer computes the same numbers from the lm_head's input (`fused_ttt_loss`):
+The definition computes that from every step's full logits (`ttt_loss` in
+tests/train_reference.py, which the tests hold this module to). The trainer
+computes the same numbers from the lm_head's input (`fused_ttt_loss`):
 only the rows in the loss get logits at all (a row outside it adds nothing to the
 loss, and an out-of-vocabulary one is a miss whatever the draft predicts), a few
 thousand rows at a time, and each row's log-softmax, cross-entropy, argmax and
@@ -28,7 +29,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from backends.train.target import TeacherRows, TeacherTargets
+from backends.train.target import TeacherRows
 
 try:
     import triton  # type: ignore[import-not-found,unused-ignore]
@@ -66,46 +67,6 @@ def step_masks(loss_mask: torch.Tensor, in_vocab: torch.Tensor, steps: int) -> l
         counted = predicted[:, 2 + k : 2 + k + n]
         masks.append((counted, counted & in_vocab[:, 1 + k : 1 + k + n]))
     return masks
-
-
-def ttt_loss(
-    logits: Sequence[torch.Tensor],
-    targets: TeacherTargets,
-    loss_mask: torch.Tensor,
-    denominators: torch.Tensor | None = None,
-    decay: float = STEP_DECAY,
-) -> LossParts:
-    """logits: one [B, T, draft_vocab] per step; loss_mask [B, T] bool (zeros on padding).
-
-    `denominators` [K] replaces this batch's own position counts in the means: with
-    several processes, the global count divided by the number of processes, so that
-    DDP's gradient average weighs every position of the global batch alike.
-    """
-    ce_sums, in_loss, correct, counted, plosses = [], [], [], [], []
-    masks = step_masks(loss_mask, targets.in_vocab, len(logits))
-    for k, (step_logits, (counts, in_)) in enumerate(zip(logits, masks, strict=True)):
-        n = counts.shape[1]
-        probs = targets.probs[:, 1 + k : 1 + k + n]
-        logp = torch.log_softmax(step_logits[:, :n].float(), dim=-1)
-        ce_sum = (-(probs * logp).sum(-1) * in_).sum()
-        n_in = in_.sum()
-        plosses.append(ce_sum / (n_in.clamp_min(1) if denominators is None else denominators[k]))
-        ce_sums.append(ce_sum.detach())
-        in_loss.append(n_in)
-        with torch.no_grad():
-            hits = (step_logits[:, :n].argmax(-1) == probs.argmax(-1)) & in_
-            correct.append(hits.sum())
-            counted.append(counts.sum())
-    ploss = torch.stack(plosses)
-    weights = decay ** torch.arange(len(logits), device=ploss.device, dtype=ploss.dtype)
-    return LossParts(
-        loss=(weights * ploss).sum(),
-        ploss=ploss.detach(),
-        ce_sum=torch.stack(ce_sums),
-        in_loss=torch.stack(in_loss),
-        correct=torch.stack(correct),
-        counted=torch.stack(counted),
-    )
 
 
 @dataclass
@@ -296,7 +257,7 @@ def fused_ttt_loss(
     denominators: torch.Tensor | None = None,
     decay: float = STEP_DECAY,
 ) -> LossParts:
-    """`ttt_loss` of the logits hidden[k] @ weight.T, computed on the rows in the loss only.
+    """The TTT loss of the logits hidden[k] @ weight.T, computed on the rows in the loss only.
 
     hidden [K, B, T, H]: the lm_head's input at every step; weight [draft_vocab, H].
     """

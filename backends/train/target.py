@@ -148,15 +148,6 @@ def load_target_matrices(directory: Path, target: TargetConfig) -> tuple[torch.T
 
 
 @dataclass
-class TeacherTargets:
-    """Per position j of a batch: the target's distribution over the draft vocabulary
-    for the token after x_j, and whether the target's own argmax is in that vocabulary."""
-
-    probs: torch.Tensor  # [B, T, draft_vocab] float32
-    in_vocab: torch.Tensor  # [B, T] bool
-
-
-@dataclass
 class TeacherRows:
     """The same, computed only at the positions the loss reads: those followed by a loss
     token (j >= 1 with loss_mask[j+1]); one row per such position, in position order."""
@@ -187,7 +178,7 @@ class Teacher:
         self.other_ids = (~t2d.to(device)).nonzero().squeeze(1)  # the target ids outside it, ascending
         self.weight = lm_head.index_select(0, torch.cat([self.draft_ids, self.other_ids]))  # [V, H]
 
-    def _rows(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    def draft_logits(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """(draft-vocabulary logits, their logsumexp, their argmax, in_vocab) of hidden states [R, H]."""
         rows, size = hidden.shape[0], len(self.draft_ids)
         logits = hidden.new_empty(rows, size, dtype=self.weight.dtype)
@@ -218,17 +209,9 @@ class Teacher:
         needed = torch.zeros_like(loss_mask)
         needed[:, 1:-1] = loss_mask[:, 2:]
         positions = needed.flatten().nonzero().squeeze(1)
-        logits, lse, argmax, in_vocab = self._rows(hidden_state.reshape(-1, width).index_select(0, positions))
+        logits, lse, argmax, in_vocab = self.draft_logits(hidden_state.reshape(-1, width).index_select(0, positions))
         row = torch.full((batch * seq,), -1, dtype=torch.int64, device=positions.device)
         row[positions] = torch.arange(len(positions), device=positions.device)
         in_vocab_at = torch.zeros(batch * seq, dtype=torch.bool, device=positions.device)
         in_vocab_at[positions] = in_vocab
         return TeacherRows(logits, lse, argmax, in_vocab_at.view(batch, seq), row.view(batch, seq))
-
-    @torch.no_grad()
-    def targets(self, hidden_state: torch.Tensor) -> TeacherTargets:
-        """Every position of hidden_state [B, T, H]: the definition `rows` is tested against."""
-        batch, seq, width = hidden_state.shape
-        logits, _, _, in_vocab = self._rows(hidden_state.reshape(-1, width))
-        probs = torch.softmax(logits.float(), dim=-1)
-        return TeacherTargets(probs=probs.view(batch, seq, -1), in_vocab=in_vocab.view(batch, seq))
