@@ -70,12 +70,12 @@ class Attention(nn.Module):
         qkv: torch.Tensor,
         cos: torch.Tensor,
         sin: torch.Tensor,
-        keys: list[torch.Tensor],
-        values: list[torch.Tensor],
+        past_keys: list[torch.Tensor],
+        past_values: list[torch.Tensor],
         block_mask: BlockMask | None,
-    ) -> torch.Tensor:
-        """One TTT step from its projected input qkv [B, T, (heads + 2 kv_heads) * d]; appends this
-        step's keys and values to `keys` and `values`."""
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """One TTT step from its projected input qkv [B, T, (heads + 2 kv_heads) * d], after the steps
+        whose keys and values are given: (output, this step's keys, this step's values)."""
         batch, seq, _ = qkv.shape
         q, k, v = torch.split(qkv, [self.heads * self.head_dim, *(2 * [self.kv_heads * self.head_dim])], dim=-1)
         q = q.reshape(batch, seq, self.heads, self.head_dim).transpose(1, 2)
@@ -84,14 +84,13 @@ class Attention(nn.Module):
         half = sin.shape[-1] // 2
         cos, sin = cos.to(q.dtype), torch.cat([-sin[..., :half], sin[..., half:]], dim=-1).to(q.dtype)
         q, k = _rope(q, cos, sin), _rope(k, cos, sin)
-        keys.append(k)
-        values.append(v)
+        keys, values = [*past_keys, k], [*past_values, v]
         if block_mask is None:
             out = eager_ttt_attention(q, keys, values)
         else:
             out = flex_ttt_attention(q, keys, values, block_mask)
         projected: torch.Tensor = self.o_proj(out.transpose(1, 2).reshape(batch, seq, self.heads * self.head_dim))
-        return projected
+        return projected, k, v
 
 
 class MLP(nn.Module):
@@ -151,7 +150,10 @@ class DecoderLayer(nn.Module):
         for k in range(steps):
             qkv = F.linear(self.hidden_norm(hidden), from_hidden) + from_embeds[:, k : k + seq]
             mask = None if block_masks is None else block_masks[k]
-            hidden = hidden + self.self_attn(qkv, cos[k : k + seq], sin[k : k + seq], keys, values, mask)
+            attended, key, value = self.self_attn(qkv, cos[k : k + seq], sin[k : k + seq], keys, values, mask)
+            keys.append(key)
+            values.append(value)
+            hidden = hidden + attended
             hidden = hidden + self.mlp(self.post_attention_layernorm(hidden), gate_up)
             outputs.append(hidden)
         return torch.stack(outputs)
