@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -207,6 +208,13 @@ async def until(pilot: Any, predicate: Callable[[], Any], timeout: float = 20, w
             return value
         await pilot.pause(0.1)
     raise AssertionError(f"timed out waiting for {what}")
+
+
+def ctrl_c_reaches_it() -> None:
+    """preexec_fn of a child that a test stops with Ctrl-C (SIGINT): SIGINT at its default, as in a terminal's
+    foreground job. A shell ignores SIGINT in its background jobs and everything they start, so a suite run
+    with `&` would otherwise start children that Ctrl-C cannot stop."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def free_port() -> int:

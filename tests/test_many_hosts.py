@@ -28,7 +28,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from console import config
-from tests.conftest import REPO, free_port
+from tests.conftest import REPO, ctrl_c_reaches_it, free_port
 from tests.sshd import SSHD, Sshd, home_for, start_sshd
 from tests.tmux import Tmux
 from tests.train_fixtures import job_words, worker_of
@@ -164,6 +164,7 @@ def test_watch_over_two_hosts_goes_on_while_one_is_down_and_picks_it_up_again(la
     watch = subprocess.Popen(
         laptop.argv("lab", "watch", "--interval", "0.3", "--json"), cwd=REPO, env=laptop.env(),
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+        preexec_fn=ctrl_c_reaches_it,
     )  # fmt: skip
     assert watch.stdout is not None and watch.stderr is not None
     changes, said = lines_of(watch.stdout), lines_of(watch.stderr)

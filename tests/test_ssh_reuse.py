@@ -26,7 +26,7 @@ import pytest
 from console import quick, reuse
 from console.reuse_transport import ReusingTransport
 from console.transport import LocalTransport
-from tests.conftest import REPO, wait_for
+from tests.conftest import REPO, ctrl_c_reaches_it, wait_for
 from tests.sshd import ALIAS, Sshd, keygen
 
 SLEEPER = "import time\nprint('started', flush=True)\ntime.sleep(600)"
@@ -62,7 +62,7 @@ class Place:
         """A command left running (a follow), in its own process group as a shell runs a foreground job."""
         return subprocess.Popen(
             self.argv(*args), cwd=REPO, env=self.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-            start_new_session=True,
+            start_new_session=True, preexec_fn=ctrl_c_reaches_it,
         )  # fmt: skip
 
     def sockets(self) -> list[Path]:

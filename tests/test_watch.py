@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from backends.runs import watch
 from backends.runs.store import RunDir, RunSpec
 from backends.sglang import log as sglang_log
-from tests.conftest import CLI, free_port, launch, run_info, wait_for, wait_state
+from tests.conftest import CLI, ctrl_c_reaches_it, free_port, launch, run_info, wait_for, wait_state
 from tests.fake_nvml import gpu, write_state
 
 STARTUP_0_5_23 = """\
@@ -297,8 +297,7 @@ class Watcher:
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
-            # Ctrl-C as at a terminal, even when these tests run in the background (where SIGINT is ignored).
-            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+            preexec_fn=ctrl_c_reaches_it,
         )
         assert self.process.stderr is not None
         self.first = self.process.stderr.readline()
