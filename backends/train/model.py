@@ -43,8 +43,14 @@ class RMSNorm(nn.Module):
 
 def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """x * cos + rotate_half(x) * sin, with rotate_half(x) = cat(-x2, x1) = roll(x, half) * [-1.., 1..]:
-    the sign rides on `sin` (see Attention.forward), which saves two passes over x."""
+    the sign rides on `sin` (see _rope_tables), which saves two passes over x."""
     return torch.addcmul(x * cos, x.roll(x.shape[-1] // 2, dims=-1), sin)
+
+
+def _rope_tables(cos: torch.Tensor, sin: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin as _rope takes them: in `dtype`, rotate_half's sign on the first half of sin."""
+    half = sin.shape[-1] // 2
+    return cos.to(dtype), torch.cat([-sin[..., :half], sin[..., half:]], dim=-1).to(dtype)
 
 
 class Attention(nn.Module):
@@ -74,15 +80,14 @@ class Attention(nn.Module):
         past_values: list[torch.Tensor],
         block_mask: BlockMask | None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """One TTT step from its projected input qkv [B, T, (heads + 2 kv_heads) * d], after the steps
-        whose keys and values are given: (output, this step's keys, this step's values)."""
+        """One TTT step from its projected input qkv [B, T, (heads + 2 kv_heads) * d] and its RoPE tables
+        (`_rope_tables`), after the steps whose keys and values are given: (output, this step's keys, this
+        step's values)."""
         batch, seq, _ = qkv.shape
         q, k, v = torch.split(qkv, [self.heads * self.head_dim, *(2 * [self.kv_heads * self.head_dim])], dim=-1)
         q = q.reshape(batch, seq, self.heads, self.head_dim).transpose(1, 2)
         k = k.reshape(batch, seq, self.kv_heads, self.head_dim).transpose(1, 2)
         v = v.reshape(batch, seq, self.kv_heads, self.head_dim).transpose(1, 2)
-        half = sin.shape[-1] // 2
-        cos, sin = cos.to(q.dtype), torch.cat([-sin[..., :half], sin[..., half:]], dim=-1).to(q.dtype)
         q, k = _rope(q, cos, sin), _rope(k, cos, sin)
         keys, values = [*past_keys, k], [*past_values, v]
         if block_mask is None:
@@ -144,6 +149,7 @@ class DecoderLayer(nn.Module):
         # half is projected once, over the window of every step, and each step reads its own.
         from_embeds = F.linear(self.input_layernorm(embeds), qkv_weight[:, : self.hidden_size])
         from_hidden = qkv_weight[:, self.hidden_size :]
+        cos, sin = _rope_tables(cos, sin, from_embeds.dtype)  # the dtype of q and k
         keys: list[torch.Tensor] = []
         values: list[torch.Tensor] = []
         outputs = []
