@@ -353,9 +353,7 @@ def run(args: argparse.Namespace) -> int:
     token_bytes = (len(aux_ids) + 1) * target.hidden_size * (4 if dtype == "float32" else 2)
     args.writers, why = choose_writers(args.writers, args.shard_size * args.max_length * token_bytes, available_bytes())
     print(f"shards: {why}")
-    tokenizer = chat_tokenizer.tokenizer
-    pad_id = next(i for i in (tokenizer.pad_token_id, tokenizer.eos_token_id, 0) if i is not None)
-    capturer = load_capturer(target, args, sglang, device, dtype, aux_ids, pad_id)
+    capturer = load_capturer(target, args, sglang, device, dtype, aux_ids, chat_tokenizer.pad_id)
     run_shards(capturer, chat_tokenizer, dataset, progress, args.out, args)
     dropped = progress.dropped()
     if dropped:

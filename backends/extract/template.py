@@ -41,6 +41,12 @@ class ChatTokenizer:
         self.tokenizer = tokenizer
         self.template: str = template
 
+    @property
+    def pad_id(self) -> int:
+        """The token that pads a batch: the tokenizer's pad token, else its end of sequence, else 0 (padding
+        is on the right and masked out, so it only has to be a valid id)."""
+        return next(i for i in (self.tokenizer.pad_token_id, self.tokenizer.eos_token_id, 0) if i is not None)
+
     def render(self, messages: list[Message], generation_prompt: bool = False) -> str:
         try:
             text = self.tokenizer.apply_chat_template(

@@ -87,9 +87,7 @@ def open_shards(options: TrainOptions) -> ShardSource:
 def open_online(options: TrainOptions, target_cfg: TargetConfig, ctx: distributed.Dist) -> online.OnlineSource:
     chat_tokenizer, samples, *data = online.load_chats(options)
     manifest = online.online_manifest(options, target_cfg, chat_tokenizer, samples, (data[0], data[1]), ctx.device.type)
-    tokenizer = chat_tokenizer.tokenizer
-    pad_id = next(i for i in (tokenizer.pad_token_id, tokenizer.eos_token_id, 0) if i is not None)
-    return online.OnlineSource(manifest, samples, held_out(options, len(samples)), pad_id)
+    return online.OnlineSource(manifest, samples, held_out(options, len(samples)), chat_tokenizer.pad_id)
 
 
 def prepare(options: TrainOptions, ctx: distributed.Dist) -> Run:
