@@ -51,7 +51,6 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -64,6 +63,7 @@ from backends.extract.pipeline import HostBuffers, HostShard, ShardExtractor, Sh
 from backends.extract.template import TokenizedChat
 from benchmarks import disk_bandwidth
 from benchmarks._common import print_table
+from benchmarks._device_timing import timed_calls
 
 H200_BF16_TFLOPS = 989.0
 # --tiny: a target small enough for this CPU, and a disk test of a few seconds.
@@ -127,23 +127,6 @@ def forward_flops(args: argparse.Namespace, lengths: list[int]) -> float:
     return float(2 * matmul_params(args) * sum(lengths) + attention)
 
 
-def synchronize(device: str) -> None:
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
-
-
-def timed(fn: Callable[[], object], device: str, warmup: int, iters: int) -> float:
-    """Mean seconds per call after `warmup` untimed calls."""
-    for _ in range(warmup):
-        fn()
-    synchronize(device)
-    started = time.perf_counter()
-    for _ in range(iters):
-        fn()
-    synchronize(device)
-    return (time.perf_counter() - started) / iters
-
-
 def synthetic(lengths: list[int], vocab: int, rng: random.Random) -> list[TokenizedChat]:
     return [TokenizedChat([rng.randrange(vocab) for _ in range(n)], [1] * n) for n in lengths]
 
@@ -189,7 +172,8 @@ def write_rates(shard: HostShard, folder: Path, repeats: int) -> tuple[float, fl
         write_safetensors(path, {name: [t] for name, t in shard.tensors.items()})
 
     try:
-        return nbytes / timed(before, "cpu", 1, repeats), nbytes / timed(after, "cpu", 1, repeats)
+        before_s, after_s = (timed_calls(write, 1, repeats, "cpu").call_s for write in (before, after))
+        return nbytes / before_s, nbytes / after_s
     finally:
         path.unlink(missing_ok=True)
 
@@ -257,9 +241,9 @@ def main(argv: list[str] | None = None) -> int:
 
     folder = Path(tempfile.mkdtemp(prefix="extract-bench-", dir=args.dir))
     try:
-        t_forward = timed(forward, args.device, args.warmup, args.iters)
-        t_forward_mixed = timed(forward_mixed, args.device, 1, max(1, args.iters // 2))
-        t_extract = timed(extract, args.device, args.warmup, args.iters)
+        t_forward = timed_calls(forward, args.warmup, args.iters, args.device).call_s
+        t_forward_mixed = timed_calls(forward_mixed, 1, max(1, args.iters // 2), args.device).call_s
+        t_extract = timed_calls(extract, args.warmup, args.iters, args.device).call_s
         shard = extractor.extract(full)
         shard.wait()
         write_before, write_after = write_rates(shard, folder, args.iters)

@@ -39,7 +39,6 @@ The day before (2026-12-01; 8 steps after 3), before the trainer's speed-ups and
 from __future__ import annotations
 
 import argparse
-import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -50,6 +49,7 @@ from backends.train import distributed
 from backends.train.data import Batch, Layout
 from backends.train.online import OnlineSource, Samples
 from benchmarks._common import print_table
+from benchmarks._device_timing import timed_calls
 from benchmarks.train_throughput import LLAMA_31_8B, TINY, make_trainer
 
 
@@ -89,20 +89,6 @@ def synthetic_samples(count: int, seq: int, vocab: int) -> Samples:
     )
 
 
-def timed(steps: int, warmup: int, tokens_per_step: int, step: Callable[[], object], device: torch.device) -> float:
-    """Tokens/s over `steps` calls of `step`, after `warmup` calls (compilation, allocator warm-up)."""
-    for _ in range(warmup):
-        step()
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    started = time.perf_counter()
-    for _ in range(steps):
-        step()
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    return steps * tokens_per_step / (time.perf_counter() - started)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tiny", action="store_true", help="tiny shapes, on the CPU")
@@ -138,7 +124,7 @@ def main() -> None:
     source.attach(model, "replicate", ctx)
     layout = Layout(args.batch_size, pad_multiple=128 if ctx.device.type == "cuda" else 1)
     trainer = make_trainer(cfg, args, compiled, ctx)
-    tokens = args.batch_size * args.seq
+    tokens: int = args.batch_size * args.seq
 
     def batches() -> Iterator[Batch]:
         epoch = 0
@@ -146,14 +132,18 @@ def main() -> None:
             yield from source.train_batches(layout, epoch, 0, 0)
             epoch += 1
 
+    def rate(step: Callable[[], object]) -> float:
+        """Tokens/s over --steps calls of `step`, after --warmup calls (compilation, allocator warm-up)."""
+        return tokens / timed_calls(step, args.warmup, args.steps, ctx.device).call_s
+
     stream = batches()
-    forward = timed(args.steps, args.warmup, tokens, lambda: next(stream), ctx.device)
+    forward = rate(lambda: next(stream))
     ready = [next(stream) for _ in range(2)]
     turn = iter(range(1 << 30))
-    offline = timed(args.steps, args.warmup, tokens, lambda: trainer.train_step(ready[next(turn) % 2]), ctx.device)
+    offline = rate(lambda: trainer.train_step(ready[next(turn) % 2]))
     if ctx.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(ctx.device)
-    online = timed(args.steps, args.warmup, tokens, lambda: trainer.train_step(next(stream)), ctx.device)
+    online = rate(lambda: trainer.train_step(next(stream)))
     peak = f"{torch.cuda.max_memory_allocated(ctx.device) / 2**30:.1f} GiB peak" if ctx.device.type == "cuda" else "CPU"
     both = 1 / (1 / forward + 1 / offline)
     shape = "tiny" if args.tiny else "Llama-3.1-8B target + its EAGLE-3 draft"

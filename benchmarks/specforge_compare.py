@@ -75,6 +75,7 @@ from backends.train.config import DraftConfig
 from backends.train.data import Batch
 from backends.train.trainer import build_draft
 from benchmarks._common import print_table
+from benchmarks._device_timing import kernel_averages, timed_calls
 from benchmarks.train_throughput import (
     LLAMA_31_8B,
     TINY,
@@ -207,21 +208,6 @@ def first_accuracy(variant: str, out: Any, ttt: int) -> float:
     return float(out.metrics["acc_0"])
 
 
-def timed(step: Callable[[], Any], warmup: int, steps: int, tokens: int, device: torch.device) -> dict[str, Any]:
-    started = time.perf_counter()
-    first = step()
-    for _ in range(warmup - 1):
-        step()
-    distributed_sync(device)
-    warm = time.perf_counter() - started
-    started = time.perf_counter()
-    for _ in range(steps):
-        step()
-    distributed_sync(device)
-    elapsed = time.perf_counter() - started
-    return {"first": first, "warmup_s": warm, "step_s": elapsed / steps, "tokens_per_s": tokens * steps / elapsed}
-
-
 def measure(
     variant: str, cfg: DraftConfig, args: argparse.Namespace, batch: Batch, ctx: distributed.Dist
 ) -> dict[str, Any]:
@@ -233,32 +219,31 @@ def measure(
         step: Callable[[], Any] = functools.partial(trainer.train_step, batch)
     else:
         step = specforge_step(cfg, variant.removeprefix("specforge-"), args.ttt, batch, ctx.device)
-    result = timed(step, args.warmup, args.steps, batch.input_ids.numel(), ctx.device)
-    result["acc_0"] = first_accuracy(variant, result.pop("first"), args.ttt)
+    outputs: list[Any] = []
+
+    def step_keeping_the_first() -> Any:
+        out = step()
+        if not outputs:
+            outputs.append(out)
+        return out
+
+    # At least one warm-up step: its accuracy, before any update, is compared across trainers.
+    timing = timed_calls(step_keeping_the_first, max(args.warmup, 1), args.steps, ctx.device)
     if args.profile:
-        print(f"{variant}, batch {size}, one step:\n{profile(step, ctx.device)}", flush=True)
-    return result
-
-
-def profile(step: Callable[[], Any], device: torch.device) -> str:
-    """The kernels of one step that take the most device time."""
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        step()
-        distributed_sync(device)
-    table: str = prof.key_averages().table(sort_by="self_device_time_total", row_limit=25, max_name_column_width=70)
-    return table
+        kernels = kernel_averages(step, ctx.device)
+        table = kernels.table(sort_by="self_device_time_total", row_limit=25, max_name_column_width=70)
+        print(f"{variant}, batch {size}, one step:\n{table}", flush=True)
+    return {
+        "warmup_s": timing.warmup_s,
+        "step_s": timing.call_s,
+        "tokens_per_s": batch.input_ids.numel() / timing.call_s,
+        "acc_0": first_accuracy(variant, outputs[0], args.ttt),
+    }
 
 
 def batch_gib(batch: Batch) -> float:
     tensors = (batch.input_ids, batch.loss_mask, batch.attention_mask, batch.hidden_state, batch.aux_hidden_states)
     return sum(t.numel() * t.element_size() for t in tensors) / 2**30
-
-
-def distributed_sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def free(device: torch.device) -> float:

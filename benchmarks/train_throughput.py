@@ -62,6 +62,7 @@ from backends.train.target import Teacher
 from backends.train.trainer import Trainer, build_draft
 from backends.train.vocab import VocabMap
 from benchmarks._common import print_table
+from benchmarks._device_timing import kernel_averages, timed_calls
 
 PEAK_BF16 = 989.4e12  # dense bf16 FLOP/s, H100/H200 SXM datasheet
 TARGET_MFU = 0.35
@@ -212,25 +213,14 @@ def host_syncs(trainer: Trainer, batch: Batch) -> int:
     return sum("synchroniz" in str(w.message) for w in caught)
 
 
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def measure(trainer: Trainer, batch: Batch, warmup: int, steps: int) -> dict[str, float]:
-    device = trainer.ctx.device
-    started = time.perf_counter()
-    for _ in range(warmup):
-        trainer.train_step(batch)
-    sync(device)
-    warm = time.perf_counter() - started
-    started = time.perf_counter()
-    for _ in range(steps):
-        stats = trainer.train_step(batch)
-    sync(device)
-    elapsed = time.perf_counter() - started
-    tokens = batch.input_ids.numel() * steps
-    return {"warmup_s": warm, "step_s": elapsed / steps, "tokens_per_s": tokens / elapsed, "loss": float(stats[0])}
+    timing = timed_calls(lambda: trainer.train_step(batch), warmup, steps, trainer.ctx.device)
+    return {
+        "warmup_s": timing.warmup_s,
+        "step_s": timing.call_s,
+        "tokens_per_s": batch.input_ids.numel() / timing.call_s,
+        "loss": float(timing.last[0]),
+    }
 
 
 def check_flex(device: torch.device) -> float:
@@ -255,14 +245,10 @@ def check_flex(device: torch.device) -> float:
 
 
 def profile_step(trainer: Trainer, batch: Batch, path: Path | None) -> str:
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        trainer.train_step(batch)
-        sync(trainer.ctx.device)
-    table: str = prof.key_averages().table(sort_by="self_device_time_total", row_limit=15, max_name_column_width=60)
+    kernels = kernel_averages(lambda: trainer.train_step(batch), trainer.ctx.device)
     if path is not None:
-        path.write_text(prof.key_averages().table(sort_by="self_device_time_total", row_limit=200))
+        path.write_text(kernels.table(sort_by="self_device_time_total", row_limit=200))
+    table: str = kernels.table(sort_by="self_device_time_total", row_limit=15, max_name_column_width=60)
     return table
 
 
