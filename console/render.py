@@ -385,7 +385,7 @@ def status_text(status: Mapping[str, Any]) -> str:
     if status["gpus"]:
         parts.append(f"GPUs (via {status['gpu_source']})\n" + gpus_table(status["gpus"]))
     else:
-        parts.append(f"GPUs: none found (source: {status['gpu_source']})")
+        parts.append("GPUs: none found")  # the source is "none" then: the error below says why
     if status.get("gpu_error"):
         parts[-1] += f"\n{status['gpu_error']}"
     return "\n\n".join(parts)

@@ -32,7 +32,7 @@ def test_status_without_gpus_says_why() -> None:
     text = status_text(
         {"host": "h", "gpu_source": "none", "gpu_error": "NVML unavailable", "runs": [], "gpus": [], "problems": []}
     )
-    assert "no runs yet" in text and "GPUs: none found (source: none)\nNVML unavailable" in text
+    assert "no runs yet" in text and "GPUs: none found\nNVML unavailable" in text
 
 
 def test_a_serve_runs_metric_rows_show_their_time_of_day_not_seconds_since_1970() -> None:

@@ -213,7 +213,7 @@ async def test_a_host_without_gpus_says_why() -> None:
             StatusResult(host="h", gpu_source="none", gpu_error="NVML: Driver Not Loaded", runs=[], gpus=[], omitted=0)
         )
         await pilot.pause()
-        assert str(panel.render()) == "GPUs: none (none): NVML: Driver Not Loaded"
+        assert str(panel.render()) == "GPUs: none found: NVML: Driver Not Loaded"
 
 
 async def test_the_console_draws_each_polls_load_into_the_gpus_history(workdir: Path, nvml_state: Path) -> None:

@@ -394,8 +394,9 @@ class GpuPanel(Static):
             styles = gpu_styles(self.app.current_theme)
             text = gpu_text(gpus, self.history, time.monotonic(), width, self.rows(), self.selection, styles)
         else:
-            why = status.get("gpu_error") or "no GPU found"
-            text = Text(printable(f"GPUs: none ({status.get('gpu_source')}): {why}"), style="dim")
+            # The agent names no source when it found no GPU: the error (if any) says why.
+            error = status.get("gpu_error")
+            text = Text(printable("GPUs: none found" + (f": {error}" if error else "")), style="dim")
         if text != self.shown:  # an update lays the screen out again (and this panel's resize calls here)
             self.shown = text
             self.update(text)
