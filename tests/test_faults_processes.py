@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import stat
 import subprocess
@@ -406,3 +407,15 @@ def test_kill_of_a_run_whose_supervisor_is_gone_reports_killed(workdir: Path) ->
     report = runctl.kill(run, "TERM", 5)
     assert report["state"] == "killed" and run.state() == "killed"
     assert run.info()["state"] == "killed"
+
+
+def test_a_supervisor_whose_run_folder_is_removed_exits_instead_of_retrying_forever(workdir: Path) -> None:
+    """Records the disk refused are tried again until there is room; a run folder removed while its run goes
+    on (an `rm -rf` of the work directory) will never have room, and nobody is left to read it."""
+    store = RunStore(workdir)
+    run = launch(store, python("import time; time.sleep(1)"))
+    wait_for(run.child, 10, "the child recorded")
+    supervisor = run.supervisor()
+    assert supervisor is not None
+    shutil.rmtree(run.path)
+    wait_for(lambda: not procinfo.is_alive(supervisor), 20, "the supervisor to exit once its child has")

@@ -100,8 +100,9 @@ class Supervisor:
         return 1
 
     def flush(self) -> None:
-        """Wait until every pending record is written (the disk has room again)."""
-        while self.pending:
+        """Wait until every pending record is written (the disk has room again); not for a run folder that
+        is gone (removed while its run went on), which will never take them and which nobody reads."""
+        while self.pending and self.run.path.is_dir():
             time.sleep(RETRY_S)
             self.retry()
 
