@@ -73,7 +73,9 @@ def both(
     expected_grads = list(torch.autograd.grad(expected.loss, [hidden, weight]))
     teacher = Teacher(case.lm_head, case.draft_ids, case.t2d).rows(case.hidden_state, case.loss_mask)
     rows = loss_rows(case.loss_mask, teacher, len(hidden))
-    got = fused_ttt_loss(hidden, weight, teacher, rows, denominators)
+    # The draft computes the rows rows.plan names, step after step, and numbers them so.
+    computed = hidden.flatten(1, 2)[rows.plan.output >= 0]
+    got = fused_ttt_loss(computed, weight, teacher, rows, denominators)
     got_grads = list(torch.autograd.grad(got.loss, [hidden, weight]))
     return expected, got, expected_grads, got_grads
 

@@ -29,6 +29,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from backends.train.step_rows import StepRows, step_rows
 from backends.train.target import TeacherRows
 
 try:
@@ -71,26 +72,35 @@ def step_masks(loss_mask: torch.Tensor, in_vocab: torch.Tensor, steps: int) -> l
 
 @dataclass
 class LossRows:
-    """The (TTT step k, draft position t) pairs in the loss, step by step, in position order."""
+    """The (TTT step k, draft position t) pairs in the loss, step by step, in position order,
+    and the rows the draft computes for them."""
 
-    hidden: torch.Tensor  # [N] int64: the row of the steps' lm_head inputs [K, B, T, H] flattened to [K*B*T, H]
+    hidden: torch.Tensor  # [N] int64: the pair's row of the draft's output (plan.output)
     target: torch.Tensor  # [N] int64: the teacher's row of position t+1+k
     step: torch.Tensor  # [N] int64: k
     in_loss: torch.Tensor  # [K] rows of each step
     counted: torch.Tensor  # [K] loss-token positions of each step (accuracy denominators)
+    plan: StepRows  # which rows each step of the draft computes
 
 
 def loss_rows(loss_mask: torch.Tensor, teacher: TeacherRows, steps: int) -> LossRows:
-    """Which rows the loss reads (one host sync: how many there are)."""
+    """Which rows the loss reads and the draft computes (one host sync: how many)."""
     batch, seq = loss_mask.shape
     masks = step_masks(loss_mask, teacher.in_vocab, steps)
     in_loss = torch.stack([F.pad(in_, (0, seq - in_.shape[1])) for _, in_ in masks])  # [K, B, T]
-    hidden = in_loss.flatten().nonzero().squeeze(1)
-    step = hidden // (batch * seq)
+    plan = step_rows(in_loss)
+    step, position = plan.read // (batch * seq), plan.read % (batch * seq)
     # The target position t+1+k of the same sample: t < T-1-k keeps it inside the sample.
-    target = teacher.row.flatten()[hidden % (batch * seq) + 1 + step]
+    target = teacher.row.flatten()[position + 1 + step]
     counted = torch.stack([counts.sum() for counts, _ in masks])
-    return LossRows(hidden=hidden, target=target, step=step, in_loss=in_loss.sum((1, 2)), counted=counted)
+    return LossRows(
+        hidden=plan.output.flatten()[plan.read],
+        target=target,
+        step=step,
+        in_loss=in_loss.sum((1, 2)),
+        counted=counted,
+        plan=plan,
+    )
 
 
 if triton is not None:
@@ -257,15 +267,15 @@ def fused_ttt_loss(
     denominators: torch.Tensor | None = None,
     decay: float = STEP_DECAY,
 ) -> LossParts:
-    """The TTT loss of the logits hidden[k] @ weight.T, computed on the rows in the loss only.
+    """The TTT loss of the logits hidden @ weight.T, computed on the rows in the loss only.
 
-    hidden [K, B, T, H]: the lm_head's input at every step; weight [draft_vocab, H].
+    hidden [rows, H]: the lm_head's input at the rows the draft computed (rows.plan); weight [draft_vocab, H].
     """
-    steps = hidden.shape[0]
+    steps = len(rows.in_loss)
     counts = rows.in_loss.clamp_min(1).float() if denominators is None else denominators
     weights = decay ** torch.arange(steps, device=hidden.device, dtype=torch.float32) / counts
     loss, ce, hit = _HeadLoss.apply(  # type: ignore[no-untyped-call]
-        hidden.flatten(0, 2), weight, rows.hidden, weights[rows.step], teacher, rows.target
+        hidden, weight, rows.hidden, weights[rows.step], teacher, rows.target
     )
     ce_sum = torch.zeros(steps, dtype=torch.float32, device=hidden.device).index_add_(0, rows.step, ce)
     correct = torch.zeros(steps, dtype=torch.int64, device=hidden.device).index_add_(0, rows.step, hit.long())

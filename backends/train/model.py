@@ -24,6 +24,7 @@ from torch.nn.attention.flex_attention import BlockMask
 from backends.train.attention import eager_ttt_attention, flex_ttt_attention
 from backends.train.config import DraftConfig
 from backends.train.rope import RotaryEmbedding
+from backends.train.step_rows import StepRows
 
 # Checkpoint keys leave out the embedding: SGLang takes the target's (SpecForge does the same).
 FROZEN_WEIGHTS = ("embed_tokens.weight",)
@@ -76,26 +77,41 @@ class Attention(nn.Module):
         qkv: torch.Tensor,
         cos: torch.Tensor,
         sin: torch.Tensor,
+        rows: torch.Tensor,
+        queries: torch.Tensor | None,
+        shape: tuple[int, int],
         past_keys: list[torch.Tensor],
         past_values: list[torch.Tensor],
         block_mask: BlockMask | None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """One TTT step from its projected input qkv [B, T, (heads + 2 kv_heads) * d] and its RoPE tables
-        (`_rope_tables`), after the steps whose keys and values are given: (output, this step's keys, this
-        step's values)."""
-        batch, seq, _ = qkv.shape
+        """One TTT step from the projected input qkv [N, (heads + 2 kv_heads) * d] of `rows` (of a batch
+        of `shape` [B, T]) and their RoPE tables [N, d] (`_rope_tables`), after the steps whose keys and
+        values are given: (the output of the rows that ask, `queries` of them, all when None; this
+        step's keys; its values). Keys and values are laid out over the whole batch, zeros where no row
+        was computed: no query that counts reads those (step_rows)."""
+        count = qkv.shape[0]
         q, k, v = torch.split(qkv, [self.heads * self.head_dim, *(2 * [self.kv_heads * self.head_dim])], dim=-1)
-        q = q.reshape(batch, seq, self.heads, self.head_dim).transpose(1, 2)
-        k = k.reshape(batch, seq, self.kv_heads, self.head_dim).transpose(1, 2)
-        v = v.reshape(batch, seq, self.kv_heads, self.head_dim).transpose(1, 2)
-        q, k = _rope(q, cos, sin), _rope(k, cos, sin)
-        keys, values = [*past_keys, k], [*past_values, v]
+        cos, sin = cos[:, None], sin[:, None]
+        q = _rope(q.view(count, self.heads, self.head_dim), cos, sin)
+        k = _rope(k.view(count, self.kv_heads, self.head_dim), cos, sin)
+        keys = [*past_keys, _over_batch(k, rows, shape)]
+        values = [*past_values, _over_batch(v.view(count, self.kv_heads, self.head_dim), rows, shape)]
+        asking = rows if queries is None else rows[queries]
+        q_all = _over_batch(q if queries is None else q[queries], asking, shape)
         if block_mask is None:
-            out = eager_ttt_attention(q, keys, values)
+            out = eager_ttt_attention(q_all, keys, values)
         else:
-            out = flex_ttt_attention(q, keys, values, block_mask)
-        projected: torch.Tensor = self.o_proj(out.transpose(1, 2).reshape(batch, seq, self.heads * self.head_dim))
-        return projected, k, v
+            out = flex_ttt_attention(q_all, keys, values, block_mask)
+        mine = out.transpose(1, 2).reshape(-1, self.heads * self.head_dim)[asking]
+        projected: torch.Tensor = self.o_proj(mine)
+        return projected, keys[-1], values[-1]
+
+
+def _over_batch(x: torch.Tensor, rows: torch.Tensor, shape: tuple[int, int]) -> torch.Tensor:
+    """x [N, heads, d] of `rows` laid out as attention takes it, [B, heads, T, d], zeros elsewhere."""
+    batch, seq = shape
+    full = x.new_zeros(batch * seq, *x.shape[1:]).index_copy(0, rows, x)
+    return full.view(batch, seq, *x.shape[1:]).transpose(1, 2)
 
 
 class MLP(nn.Module):
@@ -135,34 +151,42 @@ class DecoderLayer(nn.Module):
         hidden: torch.Tensor,
         cos: torch.Tensor,
         sin: torch.Tensor,
-        steps: int,
+        plan: StepRows,
         block_masks: list[BlockMask] | None,
     ) -> torch.Tensor:
-        """The layer's output at every step, [steps, B, T, H]. hidden [B, T, H] is fc's output;
-        embeds [B, T-1+steps, H] the embeddings of x_1.. (zeros past the end), cos/sin [T-1+steps, d]:
-        step k reads the window [k, k+T) of both."""
-        seq = hidden.shape[1]
+        """The layer's output rows of every step, as `plan.output` numbers them [rows, H]. hidden
+        [len(plan.keys), H] is fc's output at step 0's rows; embeds [B, T-1+steps, H] the embeddings
+        of x_1.. (zeros past the end), cos/sin [T-1+steps, d]: step k of position t reads t + k."""
+        shape = (plan.batch, plan.seq)
         qkv_weight = _in_compute_dtype(self.self_attn.qkv_weight())
         gate_up = _in_compute_dtype(self.mlp.gate_up_weight())
         # The attention's input is cat(input_layernorm(embeds), hidden_norm(hidden)), so its projection
         # is a sum of the two halves'. Step k's token at position t is step 0's at t + k: the embedding
         # half is projected once, over the window of every step, and each step reads its own.
-        from_embeds = F.linear(self.input_layernorm(embeds), qkv_weight[:, : self.hidden_size])
+        from_embeds = F.linear(self.input_layernorm(embeds), qkv_weight[:, : self.hidden_size]).flatten(0, 1)
         from_hidden = qkv_weight[:, self.hidden_size :]
         cos, sin = _rope_tables(cos, sin, from_embeds.dtype)  # the dtype of q and k
         keys: list[torch.Tensor] = []
         values: list[torch.Tensor] = []
         outputs = []
-        for k in range(steps):
-            qkv = F.linear(self.hidden_norm(hidden), from_hidden) + from_embeds[:, k : k + seq]
+        for k in range(plan.steps):
+            rows, position = plan.keys if k == 0 else plan.rows[k], plan.positions[k]
+            qkv = F.linear(self.hidden_norm(hidden), from_hidden) + from_embeds[plan.tokens[k]]
+            queries = plan.inputs[0] if k == 0 else None
             mask = None if block_masks is None else block_masks[k]
-            attended, key, value = self.self_attn(qkv, cos[k : k + seq], sin[k : k + seq], keys, values, mask)
+            attended, key, value = self.self_attn(
+                qkv, cos[position], sin[position], rows, queries, shape, keys, values, mask
+            )
             keys.append(key)
             values.append(value)
+            if queries is not None:
+                hidden = hidden[queries]
             hidden = hidden + attended
             hidden = hidden + self.mlp(self.post_attention_layernorm(hidden), gate_up)
             outputs.append(hidden)
-        return torch.stack(outputs)
+            if k + 1 < plan.steps:
+                hidden = hidden[plan.inputs[k + 1]]
+        return torch.cat(outputs)
 
 
 def _in_compute_dtype(weight: torch.Tensor) -> torch.Tensor:
@@ -201,16 +225,17 @@ class Eagle3Draft(nn.Module):
         self,
         input_ids: torch.Tensor,
         aux_hidden_states: torch.Tensor,
-        steps: int,
+        plan: StepRows,
         block_masks: list[BlockMask] | None = None,
     ) -> torch.Tensor:
-        """The lm_head's input at every TTT step, [steps, B, T, H] (logits = lm_head of it);
-        input_ids [B, T], aux [B, T, num_aux*H]. The loss applies the lm_head itself, to the
-        rows it needs only (loss.fused_ttt_loss). With `block_masks` (one per step) the attention
-        is flex, else eager."""
+        """The lm_head's input at the rows `plan` computes, [rows, H], as `plan.output` numbers them
+        (logits = lm_head of it); input_ids [B, T], aux [B, T, num_aux*H]. The loss applies the
+        lm_head itself, to the rows it needs only (loss.fused_ttt_loss). With `block_masks` (one per
+        step) the attention is flex, else eager."""
         seq = input_ids.shape[1]
-        cos, sin = self.rotary(torch.arange(seq - 1 + steps, device=input_ids.device))
-        embeds = self.embed_tokens(extend_tokens(input_ids, steps))
-        hidden: torch.Tensor = self.midlayer(embeds, self.fc(aux_hidden_states), cos, sin, steps, block_masks)
-        normed: torch.Tensor = self.norm(hidden)
+        cos, sin = self.rotary(torch.arange(seq - 1 + plan.steps, device=input_ids.device))
+        embeds = self.embed_tokens(extend_tokens(input_ids, plan.steps))
+        hidden = self.fc(aux_hidden_states.flatten(0, 1)[plan.keys])
+        out: torch.Tensor = self.midlayer(embeds, hidden, cos, sin, plan, block_masks)
+        normed: torch.Tensor = self.norm(out)
         return normed

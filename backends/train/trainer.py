@@ -24,6 +24,7 @@ from backends.train.loss import STEP_DECAY, LossParts, fused_ttt_loss, loss_rows
 from backends.train.model import FROZEN_WEIGHTS, Eagle3Draft
 from backends.train.options import TrainOptions
 from backends.train.schedule import lr_factor, warmup_cosine, warmup_steps
+from backends.train.step_rows import StepRows
 from backends.train.target import Teacher
 from backends.train.vocab import VocabMap
 
@@ -131,7 +132,8 @@ class Trainer:
         if self.cuda or self.compiled:
             torch._dynamo.config.recompile_limit = RECOMPILE_LIMIT
         if self.compiled:
-            # The draft's layers only: the loss's row count changes with every batch, and it has its own kernel.
+            # The draft's layers only (the loss has its own kernel); the rows computed change with every
+            # batch (step_rows), the batch's shape only with its padded length.
             self.forward = torch.compile(self._forward, dynamic=False)
 
     # ---- one step -------------------------------------------------------
@@ -141,10 +143,15 @@ class Trainer:
         return [ttt_block_mask(seq_len, k, str(self.ctx.device)) for k in range(self.options.ttt)]
 
     def _forward(
-        self, model: nn.Module, input_ids: torch.Tensor, aux: torch.Tensor, masks: list[BlockMask] | None
+        self,
+        model: nn.Module,
+        input_ids: torch.Tensor,
+        aux: torch.Tensor,
+        plan: StepRows,
+        masks: list[BlockMask] | None,
     ) -> torch.Tensor:
         with torch.autocast(self.ctx.device.type, dtype=torch.bfloat16, enabled=self.cuda):
-            hidden: torch.Tensor = model(input_ids, aux, self.options.ttt, masks)
+            hidden: torch.Tensor = model(input_ids, aux, plan, masks)
         return hidden
 
     def losses(self, model: nn.Module, batch: Batch, training: bool) -> LossParts:
@@ -155,7 +162,10 @@ class Trainer:
         if training and self.ctx.world > 1:
             denominators = distributed.all_reduce_sum(rows.in_loss.float()).clamp_min(1) / self.ctx.world
         forward = self.forward if training else self._forward
-        hidden = forward(model, batch.input_ids, batch.aux_hidden_states, self.block_masks(batch.input_ids.shape[1]))
+        if training and self.compiled:
+            rows.plan.track_sizes()
+        masks = self.block_masks(batch.input_ids.shape[1])
+        hidden = forward(model, batch.input_ids, batch.aux_hidden_states, rows.plan, masks)
         # The draft's own lm_head: under FSDP the root keeps its parameters gathered from forward to backward.
         return fused_ttt_loss(hidden, self.draft.lm_head.weight, teacher, rows, denominators)
 
