@@ -31,27 +31,26 @@ less what earlier variants left allocated (SpecForge's FSDP run leaves about 10
 GiB), the shared batch included; tokens/s counts every position of the batch.
 
 Measured on one H200 (2026-12-02; torch 2.11, transformers 5.17, SpecForge 0.2.0;
-6 timed steps after 2; the sdpa backend, 16,270 and 12,725 tokens/s on 2026-12-01,
-was not run again):
+4 timed steps after 2), each step computing only the rows that reach the loss
+(backends/train/step_rows.py), with each sample's first 16 tokens (the default)
+and 512 tokens (--prompt 512: a quarter of each sample, as a chat's system
+prompt and user turn) outside the loss:
 
-    batch     trainer                   tokens/s  peak GiB  ours/flex
-    8 x 2048  ours, compiled              34,248      31.2       1.37
-    8 x 2048  ours, --no-compile          30,720      38.5       1.23
-    8 x 2048  SpecForge, flex_attention   24,952      64.3
-    1 x 2048  ours, compiled              30,648      11.6       1.94
-    1 x 2048  ours, --no-compile          25,469      14.0       1.61
-    1 x 2048  SpecForge, flex_attention   15,834      13.2
+    batch     trainer                   prompt 16        prompt 512
+                                        tok/s   GiB  x   tok/s   GiB  x
+    8 x 2048  ours, compiled            35,295  32.1 1.40 44,929  28.0 1.70
+    8 x 2048  ours, --no-compile        31,454  40.1 1.24 39,861  34.2 1.51
+    8 x 2048  SpecForge, flex_attention 25,269  64.3      26,357  64.3
+    1 x 2048  ours, compiled            30,778  11.7 1.81 38,134  11.2 2.53
+    1 x 2048  ours, --no-compile        25,430  12.8 1.49 32,661  11.8 2.16
+    1 x 2048  SpecForge, flex_attention 17,028  13.2      15,097  13.2
 
-After that run, the fused weights are cast once per step rather than at each of
-the 7 steps (autocast kept every copy for backward): ours without compile then
-took 12.4 GiB at batch 1 (27,298 tokens/s) and 37.0 GiB at batch 8 (30,906),
-measured by benchmarks.train_throughput on the same machine.
-
-The day before (2026-12-01), before the embedding half of the attention's input
-was projected once for all steps and q/k/v and gate/up were fused: 1.31 / 1.18
-at 8 x 2048 and 1.89 / 1.67 at 1 x 2048. With --prompt 512 (a quarter of each
-sample outside the loss), batch 8: ours compiled 37,323 tokens/s (31.3 GiB),
-SpecForge flex_attention 26,194 (64.3 GiB): 1.42.
+(x: ours / SpecForge flex_attention.) SpecForge computes every row at every TTT
+step, so the prompt changes its time only through its loss. Earlier the same
+day, before rows outside the loss were skipped (6 timed steps): 1.37 / 1.23 at 8
+x 2048 and 1.94 / 1.61 at 1 x 2048 against SpecForge's 24,952 and 15,834 (its
+batch-1 figure varies by about 10% between runs). The sdpa backend, 16,270 and
+12,725 tokens/s on 2026-12-01, was not run again.
 """
 
 from __future__ import annotations

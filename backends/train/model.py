@@ -6,7 +6,9 @@ post-attention norm and MLP; `fc` fuses the aux hidden states of the target;
 `norm` + `lm_head` give logits over the draft vocabulary (forward stops before
 `lm_head`: the loss applies it to the rows it reads); `embed_tokens` is the
 target's, frozen. The hidden state handed to the next TTT step is the layer's
-output before `norm`, as SGLang's draft hands it to its next draft step.
+output before `norm`, as SGLang's draft hands it to its next draft step. Each
+step runs only the rows that reach the loss (step_rows.StepRows), packed;
+the attention alone sees them laid out over the whole batch.
 
 Alignment (EAGLE's): at position t the draft reads the target's features of
 position t and the token x_{t+1}. At TTT step k it reads token x_{t+1+k} and
@@ -110,7 +112,7 @@ class Attention(nn.Module):
 def _over_batch(x: torch.Tensor, rows: torch.Tensor, shape: tuple[int, int]) -> torch.Tensor:
     """x [N, heads, d] of `rows` laid out as attention takes it, [B, heads, T, d], zeros elsewhere."""
     batch, seq = shape
-    full = x.new_zeros(batch * seq, *x.shape[1:]).index_copy(0, rows, x)
+    full = x.new_zeros(batch * seq, *x.shape[1:]).index_put((rows,), x)  # index_copy would keep x for backward
     return full.view(batch, seq, *x.shape[1:]).transpose(1, 2)
 
 
@@ -235,7 +237,9 @@ class Eagle3Draft(nn.Module):
         seq = input_ids.shape[1]
         cos, sin = self.rotary(torch.arange(seq - 1 + plan.steps, device=input_ids.device))
         embeds = self.embed_tokens(extend_tokens(input_ids, plan.steps))
-        hidden = self.fc(aux_hidden_states.flatten(0, 1)[plan.keys])
+        # fc on every row, then the rows step 0 needs: fc keeps its input for backward, and the batch's
+        # aux tensor is held anyway, where a gathered copy would cost 3 of a row's H-wide tensors more.
+        hidden = self.fc(aux_hidden_states).flatten(0, 1)[plan.keys]
         out: torch.Tensor = self.midlayer(embeds, hidden, cos, sin, plan, block_masks)
         normed: torch.Tensor = self.norm(out)
         return normed
