@@ -45,7 +45,10 @@ prompt and user turn) outside the loss:
     1 x 2048  ours, --no-compile        25,430  12.8 1.49 32,661  11.8 2.16
     1 x 2048  SpecForge, flex_attention 17,028  13.2      15,097  13.2
 
-(x: ours / SpecForge flex_attention.) SpecForge computes every row at every TTT
+(x: ours / SpecForge flex_attention.) After this run, the skipped rows' layout
+stopped keeping copies for backward: without torch.compile, 37.5 GiB at 8 x
+2048 and 12.5 GiB at 1 x 2048 (prompt 16, benchmarks.train_throughput), below
+SpecForge's 64.3 and 13.2. SpecForge computes every row at every TTT
 step, so the prompt changes its time only through its loss. Earlier the same
 day, before rows outside the loss were skipped (6 timed steps): 1.37 / 1.23 at 8
 x 2048 and 1.94 / 1.61 at 1 x 2048 against SpecForge's 24,952 and 15,834 (its

@@ -36,7 +36,10 @@ Measured on one H200 (torch 2.11, 2026-12-02; 4 timed steps after 2), since each
 step computes only the rows that reach the loss (step_rows): batch 8 x 2048,
 compiled 35,297 tokens/s = 58.4% MFU (0.46 s a step, 32.1 GiB peak), without
 torch.compile (flex attention still compiled) 31,553 = 52.2% MFU (40.2 GiB);
-batch 1 x 2048, compiled 31,165 (11.8 GiB), without 26,753 (12.8 GiB). With
+batch 1 x 2048, compiled 31,165 (11.8 GiB), without 26,753 (12.8 GiB). Once
+the skipped rows' layout kept no copies for backward (index_put): batch 8
+compiled 34,668 (31.7 GiB), without 31,142 (37.5 GiB); batch 1 without 26,996
+(12.5 GiB). With
 --prompt 512 (a quarter of each sample outside the loss) at batch 8: compiled
 43,847 and without 39,275, against 38,346 and 34,022 for the code before
 (the same session). Before that change (the same day): 34,185 and 30,906 at
