@@ -20,7 +20,7 @@ from backends.train import checkpoint, distributed
 from backends.train.__main__ import main
 from backends.train.attention import eager_ttt_attention, flex_ttt_attention, ttt_block_mask
 from backends.train.loop import prepare
-from backends.train.loss import simulated_accept_length
+from backends.train.loss import loss_rows, simulated_accept_length
 from backends.train.metrics import plateaued
 from backends.train.options import TrainOptions
 from backends.train.schedule import lr_factor
@@ -473,3 +473,32 @@ def test_attention_choice_falls_back_to_eager_where_flex_cannot_run() -> None:
     assert resolve_attention("auto", cpu, 128) == "eager"
     with pytest.raises(TrainError, match="head_dim >= 16"):
         resolve_attention("flex", gpu, 8)
+
+
+def test_one_compiled_graph_serves_batches_that_skip_different_rows(
+    tiny: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each batch computes its own rows (step_rows): were their counts baked into the compiled graph,
+    every batch would compile again, and past torch's recompile limit train uncompiled."""
+    graphs: list[int] = []
+
+    def counting(gm: torch.fx.GraphModule, example_inputs: list[torch.Tensor]) -> Any:
+        graphs.append(len(gm.graph.nodes))
+        return gm.forward
+
+    real_compile = torch.compile
+    monkeypatch.setattr(torch, "compile", lambda fn, **kw: real_compile(fn, **{**kw, "backend": counting}))
+    torch._dynamo.reset()
+    options = TrainOptions(
+        data=tiny["data"], target=tiny["target"], out=tmp_path, steps=4, val_samples=4, batch_size=8, compile=True
+    )
+    run = prepare(options, distributed.init())
+    batch = next(iter(run.source.train_batches(run.layout, 0, 0, 0)))
+    computed = []
+    for prompt in (10, 14, 18, 22):
+        batch.loss_mask[:, :prompt] = False
+        teacher = run.trainer.teacher.rows(batch.hidden_state, batch.loss_mask)
+        computed.append(sum(len(r) for r in loss_rows(batch.loss_mask, teacher, options.ttt).plan.rows))
+        run.trainer.train_step(batch)
+    assert len(set(computed)) == 4, "each batch should skip a different number of rows"
+    assert len(graphs) == 1

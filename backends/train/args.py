@@ -58,7 +58,7 @@ def add_arguments(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
     p.add_argument(
         "--compile",
         action=argparse.BooleanOptionalAction,
-        help="torch.compile the draft and the loss (default: on GPU)",
+        help="torch.compile the draft's layers (default: on GPU)",
     )
     p.add_argument("--pad-multiple", type=int, help="pad batch lengths to a multiple of this (default: GPU 128)")
     p.add_argument("--attention", choices=("auto", "eager", "flex"), default="auto", help="auto: flex on GPU")
