@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from backends.train.attention import eager_ttt_attention
 from backends.train.config import DraftConfig
-from backends.train.loss import step_masks
+from backends.train.loss import pairs_in_loss
 from backends.train.model import Eagle3Draft
 from backends.train.step_rows import step_rows
 
@@ -112,12 +112,6 @@ def test_the_unroll_is_the_step_by_step_formula(seq: int, steps: int) -> None:
         torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)
 
 
-def in_loss_of(loss_mask: torch.Tensor, in_vocab: torch.Tensor, steps: int) -> torch.Tensor:
-    """[K, B, T]: the (step, position) pairs the loss reads, as the trainer derives them."""
-    seq = loss_mask.shape[1]
-    return torch.stack([F.pad(in_, (0, seq - in_.shape[1])) for _, in_ in step_masks(loss_mask, in_vocab, steps)])
-
-
 @settings(max_examples=30, deadline=None)
 @given(
     seed=st.integers(0, 2**16),
@@ -140,7 +134,7 @@ def test_computing_only_the_rows_the_loss_reads_changes_none_of_them(
     position = torch.arange(seq)
     lengths = torch.randint(1, seq + 1, (batch,), generator=gen)
     loss_mask = (torch.rand(batch, seq, generator=gen) < density) & (position >= prompt) & (position < lengths[:, None])
-    in_loss = in_loss_of(loss_mask, torch.rand(batch, seq, generator=gen) < 0.7, steps)
+    in_loss = pairs_in_loss(loss_mask, torch.rand(batch, seq, generator=gen) < 0.7, steps)
     plan = step_rows(in_loss)
     params = trained(draft)
     got = draft(ids, aux, plan)[plan.output[in_loss.flatten(1)]]
