@@ -28,7 +28,7 @@ has no flex-attention backward on the CPU).
 
 Peak memory is torch's max_memory_allocated over the variant's build and steps,
 less what earlier variants left allocated (SpecForge's FSDP run leaves about 10
-GiB), the shared batch included; tokens/s counts every position of the batch.
+GiB), the shared batch included; tokens/s counts the batch's real tokens (not its padding).
 
 Measured on one H200 (2026-12-02; torch 2.11, transformers 5.17, SpecForge 0.2.0;
 4 timed steps after 2), each step computing only the rows that reach the loss
@@ -238,7 +238,7 @@ def measure(
     return {
         "warmup_s": timing.warmup_s,
         "step_s": timing.call_s,
-        "tokens_per_s": batch.input_ids.numel() / timing.call_s,
+        "tokens_per_s": batch.tokens / timing.call_s,
         "acc_0": first_accuracy(variant, outputs[0], args.ttt),
     }
 
@@ -288,7 +288,7 @@ def main() -> int:
     results: dict[tuple[str, int], dict[str, Any]] = {}
     for size in sizes:
         gen = torch.Generator(device=device).manual_seed(2)
-        batch = synthetic_batch(cfg, size, seq, device, gen, args.in_vocab, args.prompt)
+        batch = synthetic_batch(cfg, size, seq, device, gen, args.in_vocab, args.prompt, args.min_length)
         for variant in variants:
             if time.perf_counter() - started > args.budget_s:
                 print(f"skipping {variant}, batch {size}: over the time budget", flush=True)

@@ -23,7 +23,8 @@ MFU = model FLOPs per second / 989 TFLOP/s (H100/H200 SXM dense bf16).
 The synthetic teacher's argmax falls in the draft vocabulary 95% of the time
 (--in-vocab; a random lm_head would put it there 25% of the time, while the
 draft vocabulary of real data covers most argmaxes) and each sample's first 16
-tokens are outside the loss (--prompt). The FLOP model counts the whole layer
+tokens are outside the loss (--prompt); with --min-length, samples are of random
+lengths, right-padded, and tokens/s counts real tokens only. The FLOP model counts the whole layer
 and the lm_head on every row; the trainer computes the lm_head only on the rows
 in the loss (94% here), and the layer at steps 1 to 6 only on the rows whose
 chain the loss still reads. It
@@ -159,13 +160,20 @@ def synthetic_batch(
     gen: torch.Generator,
     in_vocab: float = IN_VOCAB,
     prompt: int = PROMPT_TOKENS,
+    min_length: int | None = None,
 ) -> Batch:
     """Random tokens and features; the final hidden state of each position leans towards one
     next token (in the draft vocabulary with probability `in_vocab`), which the teacher's
-    argmax then is, with a peaked distribution."""
+    argmax then is, with a peaked distribution. With `min_length`, samples are of random
+    lengths from it to `seq` (the first one `seq` long), right-padded to `seq` as collate
+    pads a batch of chats."""
     h = cfg.hidden_size
     _, lm_head, vocab = target_matrices(cfg, device)
-    loss_mask = torch.ones(batch, seq, dtype=torch.bool, device=device)
+    lengths = torch.full((batch,), seq, device=device)
+    if min_length is not None:
+        lengths[1:] = torch.randint(min(min_length, seq), seq + 1, (batch - 1,), device=device, generator=gen)
+    real = torch.arange(seq, device=device) < lengths[:, None]
+    loss_mask = real.clone()
     loss_mask[:, :prompt] = False
     inside = torch.rand(batch, seq, device=device, generator=gen) < in_vocab
     draft_ids, other_ids = vocab.t2d.nonzero().squeeze(1), (~vocab.t2d).nonzero().squeeze(1)
@@ -174,12 +182,14 @@ def synthetic_batch(
     chosen = torch.where(inside | (len(other_ids) == 0), pick_draft, pick_other)
     lean = lm_head[chosen].float()
     hidden = torch.randn(batch, seq, h, device=device, generator=gen) + PEAK * lean / lean.norm(dim=-1, keepdim=True)
+    ids = torch.randint(0, cfg.vocab_size, (batch, seq), device=device, generator=gen)
+    aux = torch.randn(batch, seq, cfg.num_aux * h, device=device, generator=gen)
     return Batch(
-        input_ids=torch.randint(0, cfg.vocab_size, (batch, seq), device=device, generator=gen),
+        input_ids=ids * real,
         loss_mask=loss_mask,
-        attention_mask=torch.ones(batch, seq, dtype=torch.bool, device=device),
-        hidden_state=hidden.to(lm_head.dtype),
-        aux_hidden_states=torch.randn(batch, seq, cfg.num_aux * h, device=device, generator=gen).to(lm_head.dtype),
+        attention_mask=real,
+        hidden_state=(hidden * real[..., None]).to(lm_head.dtype),
+        aux_hidden_states=(aux * real[..., None]).to(lm_head.dtype),
     )
 
 
@@ -227,7 +237,7 @@ def measure(trainer: Trainer, batch: Batch, warmup: int, steps: int) -> dict[str
     return {
         "warmup_s": timing.warmup_s,
         "step_s": timing.call_s,
-        "tokens_per_s": batch.input_ids.numel() / timing.call_s,
+        "tokens_per_s": batch.tokens / timing.call_s,
         "loss": float(timing.last[0]),
     }
 
@@ -271,6 +281,9 @@ def add_shape_arguments(parser: argparse.ArgumentParser, batches: str, steps: in
     parser.add_argument("--warmup", type=int, default=warmup, help="untimed steps first (compilation)")
     parser.add_argument("--in-vocab", type=float, default=IN_VOCAB, help="share of teacher argmaxes in the draft vocab")
     parser.add_argument("--prompt", type=int, default=PROMPT_TOKENS, help="tokens of each sample outside the loss")
+    parser.add_argument(
+        "--min-length", type=int, help="samples of random lengths from this to --seq, right-padded (default: all --seq)"
+    )
     parser.add_argument("--results", type=Path, help="append one JSON line per measurement to this file")
     parser.add_argument("--profile", action="store_true", help="print the top kernels of one more step of each")
     parser.add_argument("--budget-s", type=float, default=1e9, help="skip variants once this much time has passed")
@@ -311,7 +324,7 @@ def main() -> int:
     for size in sizes:
         args.batch_size = size
         gen = torch.Generator(device=ctx.device).manual_seed(2)
-        batch = synthetic_batch(cfg, size, seq, ctx.device, gen, args.in_vocab, args.prompt)
+        batch = synthetic_batch(cfg, size, seq, ctx.device, gen, args.in_vocab, args.prompt, args.min_length)
         for variant in args.variants.split(","):
             name = f"{variant}, batch {size}"
             if time.perf_counter() - started > args.budget_s:
