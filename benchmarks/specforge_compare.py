@@ -49,17 +49,17 @@ prompt and user turn) outside the loss:
 stopped keeping copies for backward: without torch.compile, 37.5 GiB at 8 x
 2048 and 12.5 GiB at 1 x 2048 (prompt 16, benchmarks.train_throughput), below
 SpecForge's 64.3 and 13.2. SpecForge computes every row at every TTT
-step, so the prompt changes its time only through its loss.
+step, so the prompt changes its time only through its loss. Earlier the same
+day, before rows outside the loss were skipped (6 timed steps): 1.37 / 1.23 at 8
+x 2048 and 1.94 / 1.61 at 1 x 2048 against SpecForge's 24,952 and 15,834 (its
+batch-1 figure varies by about 10% between runs). The sdpa backend, 16,270 and
+12,725 tokens/s on 2026-12-01, was not run again.
 
 A batch of chats (--min-length 512 --prompt 256: 8 chats of 512 to 2,048 tokens,
 56% of the 8 x 2048 positions real, right-padded, each chat's first 256 tokens
 outside the loss; 3 timed steps after 2; tokens/s of real tokens): ours without
 torch.compile 34,951 tokens/s (24.7 GiB), SpecForge flex_attention 16,410 (64.3
-GiB): 2.13x. Ours compiled was not run (no device time left). Earlier the same
-day, before rows outside the loss were skipped (6 timed steps): 1.37 / 1.23 at 8
-x 2048 and 1.94 / 1.61 at 1 x 2048 against SpecForge's 24,952 and 15,834 (its
-batch-1 figure varies by about 10% between runs). The sdpa backend, 16,270 and
-12,725 tokens/s on 2026-12-01, was not run again.
+GiB): 2.13x. Ours compiled was not run (no device time left).
 """
 
 from __future__ import annotations
