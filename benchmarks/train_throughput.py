@@ -23,31 +23,27 @@ MFU = model FLOPs per second / 989 TFLOP/s (H100/H200 SXM dense bf16).
 The synthetic teacher's argmax falls in the draft vocabulary 95% of the time
 (--in-vocab; a random lm_head would put it there 25% of the time, while the
 draft vocabulary of real data covers most argmaxes) and each sample's first 16
-tokens are outside the loss (--prompt); with --min-length, samples are of random
-lengths, right-padded, and tokens/s counts real tokens only. The FLOP model counts the whole layer
-and the lm_head on every row; the trainer computes the lm_head only on the rows
-in the loss (94% here), and the layer at steps 1 to 6 only on the rows whose
-chain the loss still reads. It
-also counts the embedding half of the attention's input projection at every
-step, as the formula reads; the trainer projects it once for all steps (about
-6% of the FLOPs), so MFU here is of the formula's FLOPs, and tokens/s is the
-figure to compare.
+tokens are outside the loss (--prompt); with --min-length, samples are of
+random lengths, right-padded, and tokens/s counts real tokens only. The FLOP
+model counts the whole layer and the lm_head on every row; the trainer computes
+the lm_head only on the rows in the loss (94% here), and the layer at steps 1
+to 6 only on the rows whose chain the loss still reads (step_rows). It also
+counts the embedding half of the attention's input projection at every step,
+as the formula reads; the trainer projects it once for all steps (about 6% of
+the FLOPs). So MFU here is of the formula's FLOPs, and overstates what the GPU
+did where rows are skipped; tokens/s is the figure to compare.
 
-Measured on one H200 (torch 2.11, 2026-12-02; 4 timed steps after 2), since each
-step computes only the rows that reach the loss (step_rows): batch 8 x 2048,
-compiled 35,297 tokens/s = 58.4% MFU (0.46 s a step, 32.1 GiB peak), without
-torch.compile (flex attention still compiled) 31,553 = 52.2% MFU (40.2 GiB);
-batch 1 x 2048, compiled 31,165 (11.8 GiB), without 26,753 (12.8 GiB). Once
-the skipped rows' layout kept no copies for backward (index_put): batch 8
-compiled 34,668 (31.7 GiB), without 31,142 (37.5 GiB); batch 1 without 26,996
-(12.5 GiB). With
---prompt 512 (a quarter of each sample outside the loss) at batch 8: compiled
-43,847 and without 39,275, against 38,346 and 34,022 for the code before
-(the same session). Before that change (the same day): 34,185 and 30,906 at
-batch 8, 30,779 and 27,298 at batch 1; the day before, before the embedding half
-was projected once and q/k/v and gate/up were fused: 33,150 and 30,030 at batch
-8, 29,890 and 26,360 at batch 1. MFU counts every row's FLOPs, as the formula
-reads, so it overstates what the GPU did where rows are skipped.
+Measured on one H200 (torch 2.11, 2026-12-02; 4 timed steps after 2), each step
+computing only the rows that reach the loss: batch 8 x 2048, compiled 34,668
+tokens/s = 57.4% MFU (0.47 s a step, 31.7 GiB peak), without torch.compile
+(flex attention still compiled) 31,142 = 51.6% MFU (37.5 GiB); batch 1 x 2048,
+compiled 31,165 (11.8 GiB), without 26,996 (12.5 GiB). With --prompt 512 (a
+quarter of each sample outside the loss) at batch 8: compiled 43,847 and
+without 39,275, against 38,346 and 34,022 for the code before (the same
+session). Before rows were skipped (the same day): 34,185 and 30,906 at batch
+8, 30,779 and 27,298 at batch 1; the day before, before the embedding half was
+projected once and q/k/v and gate/up were fused: 33,150 and 30,030 at batch 8,
+29,890 and 26,360 at batch 1.
 Matrix products take 77% of the compiled step's device time; the loss kernel 2%.
 """
 
