@@ -58,6 +58,7 @@ def step_rows(in_loss: torch.Tensor) -> StepRows:
     needed = read.flip(0).cumsum(0).flip(0) > 0
     # Step 0's keys: every position up to the last needed one of its sample (needed[0]: at any step).
     keys = needed[0].view(batch, seq).flip(1).cumsum(1).flip(1) > 0
+    # One row each: step 0's keys, every step's needed rows, every step's rows in the loss.
     masks = torch.cat([keys.view(1, size), needed, read])
     counted = masks.sum(1)
     counts = counted.tolist()
@@ -79,6 +80,8 @@ def step_rows(in_loss: torch.Tensor) -> StepRows:
         keys=rows[0],
         rows=rows[1:],
         inputs=list(torch.split(inside, sizes[1:])),
+        # The rows each step projects: step 0 its keys (mask 0), step k its rows[k] (mask 1+k); step 0's
+        # needed rows (mask 1) are among its keys.
         positions=[p for i, p in enumerate(torch.split(position[: sum(sizes)], sizes)) if i != 1],
         tokens=[t for i, t in enumerate(torch.split(token[: sum(sizes)], sizes)) if i != 1],
         output=torch.where(needed, rank[1:] + offsets, -1),
