@@ -15,6 +15,7 @@ import os
 import select
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -161,6 +162,21 @@ def watch_json(workdir: Path, run_id: str) -> dict[str, Any]:
     return data
 
 
+def printed_until(process: subprocess.Popen[bytes], text: str, timeout: float) -> str:
+    """What `process` printed on its stdout until `text` (or until `timeout` seconds, or its end)."""
+    assert process.stdout is not None
+    fd, out = process.stdout.fileno(), b""
+    deadline = time.monotonic() + timeout
+    while (
+        text.encode() not in out and (left := deadline - time.monotonic()) > 0 and select.select([fd], [], [], left)[0]
+    ):
+        chunk = os.read(fd, 65536)
+        if not chunk:
+            break
+        out += chunk
+    return out.decode()
+
+
 def test_a_server_that_raises_is_failed_with_its_exception_in_status_watch_and_watch_json(
     cli: CLI, workdir: Path
 ) -> None:
@@ -177,9 +193,11 @@ def test_a_server_that_raises_is_failed_with_its_exception_in_status_watch_and_w
         assert b"watching" in said.readline()
         run_id = serve(cli, sys.executable, "-c", script)
         info = wait_state(cli, run_id, {"failed"})
+        # The watch tells the failure at its next look, which may come after `status` has seen it.
+        watched = printed_until(watching, "crashed: ValueError: draft config has no draft_vocab_size", timeout=30)
     finally:
         watching.terminate()
-    watched = watching.communicate(timeout=10)[0].decode()
+    watched += watching.communicate(timeout=10)[0].decode()
     [found] = info["diagnoses"]
     assert found["code"] == "crashed" and found["meaning"] == "ValueError: draft config has no draft_vocab_size"
     assert "exit code 1" in found["hint"]
