@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from backends.train.attention import eager_ttt_attention
 from backends.train.config import DraftConfig
-from backends.train.loss import pairs_in_loss
+from backends.train.loss import pairs_in_loss, step_masks
 from backends.train.model import Eagle3Draft
 from backends.train.step_rows import step_rows
 
@@ -134,7 +134,7 @@ def test_computing_only_the_rows_the_loss_reads_changes_none_of_them(
     position = torch.arange(seq)
     lengths = torch.randint(1, seq + 1, (batch,), generator=gen)
     loss_mask = (torch.rand(batch, seq, generator=gen) < density) & (position >= prompt) & (position < lengths[:, None])
-    in_loss = pairs_in_loss(loss_mask, torch.rand(batch, seq, generator=gen) < 0.7, steps)
+    in_loss = pairs_in_loss(step_masks(loss_mask, torch.rand(batch, seq, generator=gen) < 0.7, steps), seq)
     plan = step_rows(in_loss)
     params = trained(draft)
     got = draft(ids, aux, plan)[plan.output[in_loss.flatten(1)]]

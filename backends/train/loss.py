@@ -70,10 +70,9 @@ def step_masks(loss_mask: torch.Tensor, in_vocab: torch.Tensor, steps: int) -> l
     return masks
 
 
-def pairs_in_loss(loss_mask: torch.Tensor, in_vocab: torch.Tensor, steps: int) -> torch.Tensor:
-    """[K, B, T] bool: the (TTT step, draft position) pairs in the loss (step_masks' in_loss, over every position)."""
-    seq = loss_mask.shape[1]
-    return torch.stack([F.pad(in_, (0, seq - in_.shape[1])) for _, in_ in step_masks(loss_mask, in_vocab, steps)])
+def pairs_in_loss(masks: list[tuple[torch.Tensor, torch.Tensor]], seq: int) -> torch.Tensor:
+    """[K, B, T] bool: the (TTT step, draft position) pairs in the loss, step_masks' in_loss over every position."""
+    return torch.stack([F.pad(in_, (0, seq - in_.shape[1])) for _, in_ in masks])
 
 
 @dataclass
@@ -92,12 +91,13 @@ class LossRows:
 def loss_rows(loss_mask: torch.Tensor, teacher: TeacherRows, steps: int) -> LossRows:
     """Which rows the loss reads and the draft computes (one host sync: how many)."""
     batch, seq = loss_mask.shape
-    in_loss = pairs_in_loss(loss_mask, teacher.in_vocab, steps)
+    masks = step_masks(loss_mask, teacher.in_vocab, steps)
+    in_loss = pairs_in_loss(masks, seq)
     plan = step_rows(in_loss)
     step, position = plan.read // (batch * seq), plan.read % (batch * seq)
     # The target position t+1+k of the same sample: t < T-1-k keeps it inside the sample.
     target = teacher.row.flatten()[position + 1 + step]
-    counted = torch.stack([counts.sum() for counts, _ in step_masks(loss_mask, teacher.in_vocab, steps)])
+    counted = torch.stack([counts.sum() for counts, _ in masks])
     return LossRows(
         hidden=plan.output.flatten()[plan.read],
         target=target,

@@ -63,27 +63,29 @@ def step_rows(in_loss: torch.Tensor) -> StepRows:
     counted = masks.sum(1)
     counts = counted.tolist()
     found = torch.nonzero_static(masks.flatten(), size=sum(counts)).squeeze(1)
-    mask, row = found // size, found % size
     projected = 1 + steps  # keys and needed: the rows each step projects, and computes
+    sizes = counts[:projected]
+    computed = found[: sum(sizes)]
+    mask, row = computed // size, computed % size
     step = (mask - 1).clamp_min(0)
     position = row % seq + step
     token = row // seq * (seq - 1 + steps) + position
     rank = masks[:projected].long().cumsum(1) - 1  # a row's place among its mask's rows
     # rows[k] sit in the mask before theirs: keys for rows[0], rows[k-1] for rows[k].
-    inside = rank.flatten()[found[counts[0] : sum(counts[:projected])] - size]
+    inside = rank.flatten()[computed[sizes[0] :] - size]
     offsets = (counted[1:projected].cumsum(0) - counted[1:projected])[:, None]
-    sizes = counts[:projected]
-    rows = list(torch.split(row[: sum(sizes)], sizes))
+    rows = list(torch.split(row, sizes))
+    # The rows each step projects: step 0 its keys (mask 0), step k its rows[k] (mask 1+k); step 0's
+    # needed rows (mask 1) are among its keys.
+    positions, tokens = (list(torch.split(t, sizes)) for t in (position, token))
     return StepRows(
         batch=batch,
         seq=seq,
         keys=rows[0],
         rows=rows[1:],
         inputs=list(torch.split(inside, sizes[1:])),
-        # The rows each step projects: step 0 its keys (mask 0), step k its rows[k] (mask 1+k); step 0's
-        # needed rows (mask 1) are among its keys.
-        positions=[p for i, p in enumerate(torch.split(position[: sum(sizes)], sizes)) if i != 1],
-        tokens=[t for i, t in enumerate(torch.split(token[: sum(sizes)], sizes)) if i != 1],
+        positions=positions[:1] + positions[2:],
+        tokens=tokens[:1] + tokens[2:],
         output=torch.where(needed, rank[1:] + offsets, -1),
-        read=found[sum(sizes) :] - (projected * size),
+        read=found[sum(sizes) :] - projected * size,
     )
