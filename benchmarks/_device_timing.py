@@ -22,6 +22,10 @@ class Timed:
     call_s: float  # mean seconds per timed call
     last: Any  # the last call's result
 
+    def rates(self, tokens: int) -> dict[str, float]:
+        """The figures a benchmark reports for calls of `tokens` tokens each."""
+        return {"warmup_s": self.warmup_s, "step_s": self.call_s, "tokens_per_s": tokens / self.call_s}
+
 
 def timed_calls(call: Callable[[], Any], warmup: int, calls: int, device: torch.device | str) -> Timed:
     """`warmup` untimed calls, then `calls` timed ones, each group ended by waiting for the device. A call's

@@ -241,12 +241,7 @@ def measure(
         kernels = kernel_averages(step, ctx.device)
         table = kernels.table(sort_by="self_device_time_total", row_limit=25, max_name_column_width=70)
         print(f"{variant}, batch {size}, one step:\n{table}", flush=True)
-    return {
-        "warmup_s": timing.warmup_s,
-        "step_s": timing.call_s,
-        "tokens_per_s": batch.tokens / timing.call_s,
-        "acc_0": first_accuracy(variant, outputs[0], args.ttt),
-    }
+    return {**timing.rates(batch.tokens), "acc_0": first_accuracy(variant, outputs[0], args.ttt)}
 
 
 def batch_gib(batch: Batch) -> float:

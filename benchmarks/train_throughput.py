@@ -230,12 +230,7 @@ def host_syncs(trainer: Trainer, batch: Batch) -> int:
 
 def measure(trainer: Trainer, batch: Batch, warmup: int, steps: int) -> dict[str, float]:
     timing = timed_calls(lambda: trainer.train_step(batch), warmup, steps, trainer.ctx.device)
-    return {
-        "warmup_s": timing.warmup_s,
-        "step_s": timing.call_s,
-        "tokens_per_s": batch.tokens / timing.call_s,
-        "loss": float(timing.last[0]),
-    }
+    return {**timing.rates(batch.tokens), "loss": float(timing.last[0])}
 
 
 def check_flex(device: torch.device) -> float:
