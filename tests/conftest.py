@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -123,6 +124,17 @@ def wait_for(predicate: Callable[[], Any], timeout: float = 20.0, what: str = "c
             return value
         time.sleep(0.05)
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def remove_live_folder(folder: Path, timeout: float = 10.0) -> None:
+    """Removes a run folder whose supervisor may still rename a record into it meanwhile: one `rmtree` can list
+    a temp file that is renamed away before it is unlinked, and fail."""
+
+    def removed() -> bool:
+        shutil.rmtree(folder, ignore_errors=True)
+        return not folder.exists()
+
+    wait_for(removed, timeout, f"{folder} removed")
 
 
 def run_state(workdir: Path, run_id: str) -> str:

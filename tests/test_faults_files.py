@@ -8,7 +8,6 @@ import base64
 import contextlib
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -25,7 +24,7 @@ from console.errors import AgentError
 from console.transport import LocalTransport
 from console.tui.app import ConsoleApp
 from console.tui.panels import RunDetail, RunsTable
-from tests.conftest import CLI, REPO, launch, status, until, wait_state
+from tests.conftest import CLI, REPO, launch, remove_live_folder, status, until, wait_state
 
 DEEP = "[" * 200_000  # deeper than any JSON parser's stack
 BIG_ARGV = ["x" * 100_000] * 17  # 1.7 MB of arguments, each under the kernel's 128 KiB per argument
@@ -175,8 +174,7 @@ def test_logs_follow_ends_with_a_message_when_the_run_folder_is_removed(cli: CLI
     proc = json.loads((run_dir(workdir, run_id) / "proc.json").read_text())
     try:
         assert follower.stdout is not None and follower.stdout.readline() == b"up\n"
-        while run_dir(workdir, run_id).exists():  # its supervisor may write a file into it meanwhile
-            shutil.rmtree(run_dir(workdir, run_id), ignore_errors=True)
+        remove_live_folder(run_dir(workdir, run_id))
         _, err = follower.communicate(timeout=15)
     finally:
         follower.kill()

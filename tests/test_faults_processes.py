@@ -8,7 +8,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
 import signal
 import stat
 import subprocess
@@ -24,7 +23,7 @@ from backends.host import diskspace, procinfo
 from backends.runs import control as runctl
 from backends.runs import watch
 from backends.runs.store import EXIT, PROC, SPEC, RunDir, RunSpec, RunStore, SpecError, StoreError
-from tests.conftest import wait_for
+from tests.conftest import remove_live_folder, wait_for
 
 NS_LAST_PID = Path("/proc/sys/kernel/ns_last_pid")
 
@@ -417,5 +416,5 @@ def test_a_supervisor_whose_run_folder_is_removed_exits_instead_of_retrying_fore
     wait_for(run.child, 10, "the child recorded")
     supervisor = run.supervisor()
     assert supervisor is not None
-    shutil.rmtree(run.path)
+    remove_live_folder(run.path)
     wait_for(lambda: not procinfo.is_alive(supervisor), 20, "the supervisor to exit once its child has")
