@@ -46,7 +46,7 @@ import torch
 
 from backends.eagle3_contract import Manifest
 from backends.train import distributed
-from backends.train.data import Batch, Layout
+from backends.train.data import RANDOM, Batch, Layout
 from backends.train.online import OnlineSource, Samples
 from benchmarks._common import print_table
 from benchmarks._device_timing import timed_calls
@@ -120,7 +120,7 @@ def main() -> None:
         max_length=args.seq,
         data="synthetic",
     )
-    source = OnlineSource(manifest, synthetic_samples(count, args.seq, cfg.vocab_size), 1, pad_id=0)
+    source = OnlineSource(manifest, synthetic_samples(count, args.seq, cfg.vocab_size), 1, pad_id=0, order=RANDOM)
     source.attach(model, "replicate", ctx)
     layout = Layout(args.batch_size, pad_multiple=128 if ctx.device.type == "cuda" else 1)
     trainer = make_trainer(cfg, args, compiled, ctx)

@@ -84,6 +84,12 @@ def add_arguments(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
         "process); or tensor-parallel over the torchrun processes (auto: replicate while the target takes at "
         "most a third of a GPU)",
     )
+    online.add_argument(
+        "--batch-order",
+        choices=("grouped", "random"),
+        help="--online: batches of similar-length chats, in random order (the default: the target pads less), "
+        "or chats in random order",
+    )
     p.add_argument("--plateau-evals", type=int, default=5, help="evaluations without a 0.5%% gain that flag a plateau")
 
 

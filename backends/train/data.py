@@ -193,6 +193,33 @@ def epoch_order(spans: list[Span], epoch: int, seed: int) -> list[tuple[int, lis
     return order
 
 
+# How an epoch's samples become batches (--batch-order): online, `grouped` by length (the default) or `random`;
+# offline always `random` (a shard is read whole). Every checkpoint records it: a resume skips what was
+# consumed in that order.
+GROUPED, RANDOM = "grouped", "random"
+# Global batches whose samples are sorted together by length: enough that each batch finds neighbours of its
+# length (little padding), few enough that a batch still mixes samples from across the corpus.
+GROUP_BATCHES = 64
+
+
+def length_grouped(indices: list[int], lengths: list[int], global_batch: int, seed: int, epoch: int) -> list[int]:
+    """`indices` (shuffled) as whole global batches of similar lengths, in an order that is a function of
+    (seed, epoch) and the global batch.
+
+    Every GROUP_BATCHES batches' worth is sorted by length and cut into batches, and then all the epoch's
+    batches are shuffled, so that the loss curve shows no length trend. The last partial batch is dropped
+    before sorting, as the random order drops it: the same samples are trained on either way.
+    """
+    usable = indices[: len(indices) - len(indices) % global_batch]
+    span = global_batch * GROUP_BATCHES
+    batches = []
+    for start in range(0, len(usable), span):
+        chunk = sorted(usable[start : start + span], key=lengths.__getitem__)
+        batches += [chunk[i : i + global_batch] for i in range(0, len(chunk), global_batch)]
+    random.Random(f"eagle3-train/{seed}/{epoch}/batches").shuffle(batches)
+    return [i for batch in batches for i in batch]
+
+
 def skip_samples(order: list[tuple[int, list[int]]], skip: int) -> list[tuple[int, list[int]]]:
     """The order without its first `skip` samples; whole shards are dropped unread."""
     rest = []

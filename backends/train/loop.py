@@ -10,6 +10,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -18,7 +19,7 @@ from backends.host import cpus
 from backends.protocol import Metric, MetricRow
 from backends.train import checkpoint, distributed, online
 from backends.train.config import DraftConfig, check_draft, check_target
-from backends.train.data import Layout, ShardReader, default_val_samples, split_samples
+from backends.train.data import GROUPED, RANDOM, Layout, ShardReader, default_val_samples, split_samples
 from backends.train.errors import TrainError, TrainingFailed
 from backends.train.metrics import MetricsWriter, eval_line, plateaued, train_line
 from backends.train.model import Eagle3Draft
@@ -87,7 +88,7 @@ def open_shards(options: TrainOptions) -> ShardSource:
 def open_online(options: TrainOptions, target_cfg: TargetConfig, ctx: distributed.Dist) -> online.OnlineSource:
     chat_tokenizer, samples, *data = online.load_chats(options)
     manifest = online.online_manifest(options, target_cfg, chat_tokenizer, samples, (data[0], data[1]), ctx.device.type)
-    return online.OnlineSource(manifest, samples, held_out(options, len(samples)), chat_tokenizer.pad_id)
+    return online.OnlineSource(manifest, samples, held_out(options, len(samples)), chat_tokenizer.pad_id, options.order)
 
 
 def prepare(options: TrainOptions, ctx: distributed.Dist) -> Run:
@@ -133,12 +134,27 @@ def prepare(options: TrainOptions, ctx: distributed.Dist) -> Run:
     trainer = Trainer(draft, teacher, ctx, options, total_steps, fsdp=fsdp)
     trainer.manifest = manifest
     if latest is not None:
-        trainer.restore(checkpoint.load_training_state(latest))
+        state = checkpoint.load_training_state(latest)
+        check_same_order(latest, state, options.order, global_batch)
+        trainer.restore(state)
     if isinstance(source, online.OnlineSource):
         placement = online.choose_placement(options.target_placement, ctx, options.target)
         model = online.load_target_model(options.target, ctx, placement, manifest.dtype)
         source.attach(model, placement, ctx)
     return Run(options, ctx, source, trainer, vocab, latest, threads)
+
+
+def check_same_order(checkpoint: Path, state: dict[str, Any], order: str, global_batch: int) -> None:
+    """A resume skips the samples its run consumed: only in the same order are they the same samples."""
+    recorded = state.get("batch_order", RANDOM)  # checkpoints from before the order was recorded
+    if recorded != order:
+        raise TrainError(f"{checkpoint} drew its batches in {recorded} order: resume with --batch-order {recorded}")
+    was = int(state["batch_size"]) * int(state["world_size"])
+    if order == GROUPED and was != global_batch:
+        raise TrainError(
+            f"{checkpoint} grouped its batches by length for a global batch of {was}, this run's is {global_batch}: "
+            f"resume with --batch-size x processes = {was}"
+        )
 
 
 def use_cpu_threads(options: TrainOptions, ctx: distributed.Dist) -> str:
@@ -252,6 +268,8 @@ def train(run: Run) -> None:
     t, o, p = run.trainer, run.options, run.trainer.progress
     if run.ctx.main:
         print(describe(run), flush=True)
+        if isinstance(run.source, online.OnlineSource):
+            print(run.source.describe_order(run.layout, o.seed), flush=True)
     if p.step >= t.total_steps:
         if run.ctx.main:
             print(f"nothing to do: {run.resumed_from} is at step {p.step}, --steps is {t.total_steps}", flush=True)

@@ -3,9 +3,10 @@
 Nothing touches the disk: for a 70B target the aux and final states are about 64 KB a token (terabytes for a
 corpus) where the chats are megabytes. The chats are tokenized once, at the start, with the target's chat
 template exactly as the extraction does (same loss mask, same truncation); the last `val` samples are held
-out; an epoch's order is a seeded shuffle, so a resumed run skips what it consumed from (epoch, samples in
-epoch) alone. The manifest the checkpoints carry records the data's hash, and a resume on other data is
-refused.
+out; an epoch's order is a seeded shuffle, cut into batches of similar lengths (`--batch-order grouped`, the
+default: the target's forward pads each batch to its longest chat), so a resumed run skips what it consumed
+from (epoch, samples in epoch) alone. The manifest the checkpoints carry records the data's hash and the
+order, and a resume on other data, or in another order, is refused.
 
 Placement in one process: `replicate` (the target on the training GPU beside the draft), or `spread` (its
 layers over every visible GPU, transformers' device_map "auto", as `extract --device auto` does, for a target
@@ -39,7 +40,7 @@ from backends.extract import capture
 from backends.extract.cli import ExtractFailed, UsageError, choose_layers, load_chat_tokenizer, tokenize_chats
 from backends.extract.data import DEMO, DataError, load_dataset
 from backends.extract.template import ChatTokenizer
-from backends.train.data import Batch, Layout, Span, epoch_order, skip_samples
+from backends.train.data import GROUPED, RANDOM, Batch, Layout, Span, epoch_order, length_grouped
 from backends.train.distributed import Dist
 from backends.train.errors import TrainError, TrainingFailed
 from backends.train.options import TrainOptions
@@ -66,6 +67,9 @@ class Samples:
     def get(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
         start, end = self.offsets[i], self.offsets[i + 1]
         return self.ids[start:end], self.loss_mask[start:end]
+
+    def lengths(self) -> list[int]:
+        return [self.offsets[i + 1] - self.offsets[i] for i in range(len(self))]
 
 
 # Chats tokenized at a time: their Python lists are flattened into tensors before the next ones are made.
@@ -229,13 +233,14 @@ def load_target_model(path: Path, ctx: Dist, placement: str, dtype: str) -> Any:
 class OnlineSource:
     """Batches whose hidden states the target computes as they are needed, on the training device."""
 
-    def __init__(self, manifest: Manifest, samples: Samples, val_samples: int, pad_id: int) -> None:
+    def __init__(self, manifest: Manifest, samples: Samples, val_samples: int, pad_id: int, order: str) -> None:
         if not 0 <= val_samples < len(samples):
             raise TrainError(f"cannot hold out {val_samples} of {len(samples)} samples for validation")
         self.manifest = manifest
         self.samples = samples
         self.first_val = len(samples) - val_samples
         self.pad_id = pad_id
+        self.order = order
         self.model: Any = None
         self.placement = "replicate"
         self.ctx: Dist | None = None
@@ -258,9 +263,35 @@ class OnlineSource:
         for i in range(self.first_val):
             yield self.samples.get(i)
 
+    def epoch_indices(self, global_batch: int, epoch: int, seed: int, order: str | None = None) -> list[int]:
+        """The training samples of one epoch in the order (this source's unless given) they are batched,
+        `global_batch` at a time."""
+        indices = [i for _, group in epoch_order([Span(0, 0, self.first_val)], epoch, seed) for i in group]
+        if (order or self.order) == GROUPED:
+            return length_grouped(indices, self.samples.lengths(), global_batch, seed, epoch)
+        return indices
+
+    def padding_share(self, layout: Layout, seed: int, order: str | None = None) -> float:
+        """The share of the tokens the target runs on that are padding, over the first epoch in `order`."""
+        lengths = self.samples.lengths()
+        indices = self.epoch_indices(layout.global_batch, 0, seed, order)
+        indices = indices[: len(indices) - len(indices) % layout.global_batch]
+        rows = layout.global_batch if self.placement == "tp" else layout.batch_size
+        computed = sum(
+            rows * -(-max(lengths[i] for i in indices[start : start + rows]) // layout.pad_multiple)
+            for start in range(0, len(indices), rows)
+        )
+        return 1 - sum(lengths[i] for i in indices) / (computed * layout.pad_multiple) if computed else 0.0
+
+    def describe_order(self, layout: Layout, seed: int) -> str:
+        """How the batches are drawn and what the target's forward spends on padding, for the run's log."""
+        share = f"the target's forward runs on {self.padding_share(layout, seed):.0%} padding"
+        if self.order != GROUPED:
+            return f"batches in random order: {share}"
+        return f"batches grouped by length: {share} (in random order: {self.padding_share(layout, seed, RANDOM):.0%})"
+
     def train_batches(self, layout: Layout, epoch: int, seed: int, skip: int) -> Generator[Batch, None, None]:
-        order = skip_samples(epoch_order([Span(0, 0, self.first_val)], epoch, seed), skip)
-        indices = [i for _, group in order for i in group]
+        indices = self.epoch_indices(layout.global_batch, epoch, seed)[skip:]
         for start in range(0, len(indices) - layout.global_batch + 1, layout.global_batch):
             group = indices[start : start + layout.global_batch]
             ranks = [

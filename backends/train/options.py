@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from backends.eagle3_contract import DEFAULT_DRAFT_VOCAB
+from backends.train.data import GROUPED, RANDOM
 from backends.train.errors import TrainError
 
 
@@ -42,6 +43,12 @@ class TrainOptions:
     chat_template: Path | None = None
     limit: int | None = None
     target_placement: str = "auto"
+    batch_order: str | None = None  # None: grouped online, random offline
+
+    @property
+    def order(self) -> str:
+        """How the epoch's samples become batches (backends.train.data)."""
+        return self.batch_order or (GROUPED if self.online else RANDOM)
 
     def validate(self) -> None:
         positive = {
@@ -78,5 +85,7 @@ class TrainOptions:
         given = [flag for flag, value in online_only.items() if value is not None]
         if given and not self.online:
             raise TrainError(f"{', '.join(given)} go with --online (offline, the extraction chose them)")
+        if self.batch_order == GROUPED and not self.online:
+            raise TrainError("--batch-order grouped goes with --online (offline, each shard is read whole, in order)")
         if self.out.exists() and not self.out.is_dir():
             raise TrainError(f"--out {self.out} exists and is not a folder")

@@ -233,6 +233,7 @@ class Trainer:
                 "world_size": self.ctx.world,
                 "batch_size": self.options.batch_size,
                 "seed": self.options.seed,
+                "batch_order": self.options.order,
             }
             manifest = self.manifest.to_json() if self.manifest is not None else None
             path = checkpoint.save_checkpoint(out, name, weights, self.config.to_json(), state, manifest)
