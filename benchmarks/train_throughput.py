@@ -210,7 +210,7 @@ def make_trainer(cfg: DraftConfig, args: argparse.Namespace, compile_: bool, ctx
 
 def in_loss_fraction(trainer: Trainer, batch: Batch) -> float:
     """The share of (position, TTT step) rows the loss reads: loss token next, target argmax in the draft vocabulary."""
-    parts = trainer.losses(trainer.draft, batch, training=False)
+    parts = trainer.losses(trainer.draft, batch, trainer.loss_rows(batch), None, training=False)
     return float(parts.in_loss.sum() / parts.counted.sum().clamp_min(1))
 
 

@@ -155,18 +155,23 @@ def _resume_args(tiny: dict[str, Path], out: Path, *extra: str) -> list[str]:
     return args(tiny, out, *steps, "--save-every", "8", *extra)
 
 
+@pytest.mark.parametrize("accum", ["1", "2"])
 def test_resume_continues_the_step_and_reproduces_an_uninterrupted_run(
-    tiny: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    tiny: dict[str, Path],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    accum: str,
 ) -> None:
     from safetensors.torch import load_file
 
     monkeypatch.delenv("EAGLE3_METRICS_FILE", raising=False)
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
-    assert main(_resume_args(tiny, straight)) == 0
+    assert main(_resume_args(tiny, straight, "--grad-accum", accum)) == 0
     # The interrupted run: all that survived is the step-8 checkpoint.
     shutil.copytree(straight / "step-8", resumed / "step-8")
     capsys.readouterr()
-    assert main(_resume_args(tiny, resumed, "--resume")) == 0
+    assert main(_resume_args(tiny, resumed, "--resume", "--grad-accum", accum)) == 0
     assert f"resuming {resumed / 'step-8'} at step 8" in capsys.readouterr().out
     full = {r["step"]: r for r in read_rows(straight / "metrics.jsonl") if "loss" in r}
     rows = [r for r in read_rows(resumed / "metrics.jsonl") if "loss" in r]
@@ -271,38 +276,57 @@ def test_the_cli_fails_in_one_line_without_a_traceback(tmp_path: Path, capsys: p
     assert missing.stderr.count("\n") == 1 and "manifest.json does not exist" in missing.stderr
     assert main([*base, "--data", str(tmp_path), "--ttt", "0"]) == 2
     assert capsys.readouterr().err == "error: --ttt must be at least 1, not 0\n"
+    assert main([*base, "--data", str(tmp_path), "--grad-accum", "0"]) == 2
+    assert capsys.readouterr().err == "error: --grad-accum must be at least 1, not 0\n"
     with pytest.raises(SystemExit) as usage:
         main([*base, "--steps", "x"])
     err = capsys.readouterr().err
     assert usage.value.code == 2 and err.startswith("error: ") and err.count("\n") == 1
 
 
-def _torchrun(tiny: dict[str, Path], out: Path, fsdp: str) -> subprocess.CompletedProcess[str]:
+def test_a_step_larger_than_the_data_is_refused_in_one_line(
+    tiny: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(args(tiny, tmp_path / "o", "--grad-accum", "100")) == 2
+    err = capsys.readouterr().err
+    assert "cannot fill one step of 800 (--batch-size 8 x 1 processes x --grad-accum 100)" in err
+    assert err.count("\n") == 1
+
+
+def _torchrun(tiny: dict[str, Path], out: Path, fsdp: str, batch: str, accum: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if k != "EAGLE3_METRICS_FILE"}
     env["PYTHONPATH"] = str(REPO)
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
-    command += ["-m", "backends.train", *args(tiny, out, "--batch-size", "4", "--steps", "4", "--ttt", "2")]
-    command += ["--log-every", "1", "--eval-every", "4", "--save-every", "0", "--fsdp", fsdp]
+    command += ["-m", "backends.train", *args(tiny, out, "--batch-size", batch, "--steps", "4", "--ttt", "2")]
+    command += ["--log-every", "1", "--eval-every", "4", "--save-every", "0", "--fsdp", fsdp, "--grad-accum", accum]
     return subprocess.run(command, capture_output=True, text=True, env=env, cwd=REPO, timeout=120)
 
 
-def test_two_processes_with_ddp_or_fsdp_train_what_one_process_does(
+def test_processes_and_micro_batches_train_what_one_process_does_with_the_whole_batch(
     tiny: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Batch 8 in one process; 4 x 2 micro-batches (--grad-accum); 4 in each of two processes, DDP or FSDP; and
+    2 x 2 micro-batches in each of two: the same samples each step, the same steps."""
     from safetensors.torch import load_file
 
     monkeypatch.delenv("EAGLE3_METRICS_FILE", raising=False)
-    one = args(tiny, tmp_path / "one", "--batch-size", "8", "--steps", "4", "--ttt", "2", "--log-every", "1")
-    assert main([*one, "--eval-every", "4", "--save-every", "0"]) == 0
-    ddp = _torchrun(tiny, tmp_path / "ddp", "off")
-    assert ddp.returncode == 0, ddp.stderr[-2000:]
-    fsdp = _torchrun(tiny, tmp_path / "fsdp", "on")
-    assert fsdp.returncode == 0, fsdp.stderr[-2000:]
-    assert ddp.stdout.count("eagle3 train:") == 1  # only rank 0 speaks
-    rows = {m: read_rows(tmp_path / m / "metrics.jsonl") for m in ("one", "ddp", "fsdp")}
-    assert [r["step"] for r in rows["ddp"]] == [1, 2, 3, 4, 4]
+    base = ("--steps", "4", "--ttt", "2", "--log-every", "1", "--eval-every", "4", "--save-every", "0")
+    assert main(args(tiny, tmp_path / "one", *base, "--batch-size", "8")) == 0
+    assert main(args(tiny, tmp_path / "accum", *base, "--batch-size", "4", "--grad-accum", "2")) == 0
+    launches = {
+        "ddp": ("off", "4", "1"),
+        "fsdp": ("on", "4", "1"),
+        "ddp-accum": ("off", "2", "2"),
+        "fsdp-accum": ("on", "2", "2"),
+    }
+    for name, (fsdp, batch, accum) in launches.items():
+        done = _torchrun(tiny, tmp_path / name, fsdp, batch, accum)
+        assert done.returncode == 0, (name, done.stderr[-2000:])
+        assert done.stdout.count("eagle3 train:") == 1  # only rank 0 speaks
+    rows = {m: read_rows(tmp_path / m / "metrics.jsonl") for m in ("one", "accum", *launches)}
+    assert [r["step"] for r in rows["ddp-accum"]] == [1, 2, 3, 4, 4]
     weights = {m: load_file(str(tmp_path / m / "final" / "model.safetensors")) for m in rows}
-    for m in ("ddp", "fsdp"):
+    for m in ("accum", *launches):
         for a, b in zip(rows["one"], rows[m], strict=True):
             for key in ("loss", "ploss_1", "acc_1", "grad_norm", "val_loss", "val_acc_0"):
                 if key in a:

@@ -44,7 +44,13 @@ def add_arguments(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
     p.add_argument("--epochs", type=int, default=1, help="epochs when --steps is not given (default 1)")
     p.add_argument("--ttt", type=int, default=7, help="training-time-test positions to unroll (default 7)")
     p.add_argument("--lr", type=float, default=1e-4, help="peak learning rate (default 1e-4)")
-    p.add_argument("--batch-size", type=int, default=4, help="samples per process per step (default 4)")
+    p.add_argument("--batch-size", type=int, default=4, help="samples per process per micro-batch (default 4)")
+    p.add_argument(
+        "--grad-accum",
+        type=int,
+        default=1,
+        help="micro-batches per optimizer step: the step a batch that many times larger would take (default 1)",
+    )
     p.add_argument("--log-every", type=int, default=10, help="steps between metric rows (default 10)")
     p.add_argument("--eval-every", type=int, default=200, help="steps between evaluations; 0: at the end only")
     p.add_argument("--save-every", type=int, default=1000, help="steps between checkpoints; 0: final only")

@@ -7,7 +7,9 @@ gather full (unsharded, unprefixed) state dicts from a plain module, DDP or FSDP
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -74,6 +76,21 @@ def wrap(draft: nn.Module, ctx: Dist, fsdp: bool, compute_dtype: torch.dtype) ->
         ids = [ctx.local_rank] if ctx.device.type == "cuda" else None
         return nn.parallel.DistributedDataParallel(draft, device_ids=ids)
     return draft
+
+
+@contextlib.contextmanager
+def gradient_sync(model: nn.Module, enabled: bool) -> Iterator[None]:
+    """Backward passes within reduce their gradients across processes only when `enabled` (the last
+    micro-batch of a step): DDP's no_sync, FSDP's requires_gradient_sync; a plain module has nothing to sync."""
+    from torch.distributed.fsdp import FSDPModule
+
+    if isinstance(model, nn.parallel.DistributedDataParallel) and not enabled:
+        with model.no_sync():
+            yield
+        return
+    if isinstance(model, FSDPModule):
+        model.set_requires_gradient_sync(enabled)
+    yield
 
 
 def all_reduce_sum(x: torch.Tensor) -> torch.Tensor:

@@ -19,7 +19,7 @@ from backends.host import cpus
 from backends.protocol import Metric, MetricRow
 from backends.train import checkpoint, distributed, online
 from backends.train.config import DraftConfig, check_draft, check_target
-from backends.train.data import GROUPED, RANDOM, Layout, ShardReader, default_val_samples, split_samples
+from backends.train.data import GROUPED, RANDOM, Batch, Layout, ShardReader, default_val_samples, split_samples
 from backends.train.errors import TrainError, TrainingFailed
 from backends.train.metrics import MetricsWriter, eval_line, plateaued, train_line
 from backends.train.model import Eagle3Draft
@@ -111,12 +111,14 @@ def prepare(options: TrainOptions, ctx: distributed.Dist) -> Run:
         online.check_same_data(latest, manifest)
     config = draft_config_for(options, manifest, latest, target_cfg)
     global_batch = options.batch_size * ctx.world
-    if source.train_samples < global_batch:
+    step_samples = global_batch * options.grad_accum
+    if source.train_samples < step_samples:
+        accumulated = f" x --grad-accum {options.grad_accum}" if options.grad_accum > 1 else ""
         raise TrainError(
-            f"{source.train_samples} training samples cannot fill one batch of {global_batch} "
-            f"(--batch-size {options.batch_size} x {ctx.world} processes)"
+            f"{source.train_samples} training samples cannot fill one step of {step_samples} "
+            f"(--batch-size {options.batch_size} x {ctx.world} processes{accumulated})"
         )
-    total_steps = options.steps or options.epochs * (source.train_samples // global_batch)
+    total_steps = options.steps or options.epochs * (source.train_samples // step_samples)
     embed, lm_head = load_target_matrices(options.target, target_cfg)
     compute_dtype = torch.bfloat16 if ctx.device.type == "cuda" else torch.float32
     if latest is not None:
@@ -171,12 +173,13 @@ def describe(run: Run) -> str:
     trainable = sum(p.numel() for p in t.params)
     start = f"resuming {run.resumed_from} at step {t.progress.step}" if run.resumed_from else "starting at step 0"
     seen = f" ({run.vocab.distinct} distinct loss tokens in the data)" if run.vocab.distinct is not None else ""
+    accumulated = f" x {o.grad_accum} micro-batches" if o.grad_accum > 1 else ""
     return (
         f"eagle3 train: {run.source.train_samples} train / {run.source.val_samples} val samples "
         f"({run.source.describe()}), aux layers {list(cfg.aux_layer_ids)}, "
         f"draft vocab {cfg.draft_vocab_size}{seen}, "
         f"{trainable:,} trainable parameters; {t.total_steps} steps x batch {o.batch_size} x "
-        f"{run.ctx.world} process(es) on {run.ctx.device}, TTT {o.ttt}, attention {t.attention}, "
+        f"{run.ctx.world} process(es){accumulated} on {run.ctx.device}, TTT {o.ttt}, attention {t.attention}, "
         f"compile {'on' if t.compiled else 'off'}{run.threads}; {start}"
     )
 
@@ -264,6 +267,16 @@ def save(run: Run, name: str) -> None:
         print(f"saved {path} (step {run.trainer.progress.step})", flush=True)
 
 
+def steps_of(batches: Iterator[Batch], size: int) -> Iterator[list[Batch]]:
+    """The micro-batches of each optimizer step; an epoch's last, partial step is dropped."""
+    step: list[Batch] = []
+    for batch in batches:
+        step.append(batch)
+        if len(step) == size:
+            yield step
+            step = []
+
+
 def train(run: Run) -> None:
     t, o, p = run.trainer, run.options, run.trainer.progress
     if run.ctx.main:
@@ -280,12 +293,12 @@ def train(run: Run) -> None:
         while p.step < t.total_steps:
             batches = run.source.train_batches(layout, p.epoch, o.seed, p.samples_in_epoch)
             with contextlib.closing(batches):
-                for batch in batches:
+                for micro in steps_of(batches, o.grad_accum):
                     lr = t.optimizer.param_groups[0]["lr"]
-                    stats = t.train_step(batch)
+                    stats = t.train_step(*micro)
                     p.step += 1
-                    p.samples_in_epoch += layout.global_batch
-                    logger.add(stats, batch.tokens, lr)
+                    p.samples_in_epoch += layout.global_batch * len(micro)
+                    logger.add(stats, sum(batch.tokens for batch in micro), lr)
                     if p.step % o.log_every == 0 or p.step == t.total_steps:
                         logger.emit(p.step, p.epoch)
                     if o.eval_every and p.step % o.eval_every == 0:

@@ -21,6 +21,7 @@ class TrainOptions:
     ttt: int = 7
     lr: float = 1e-4
     batch_size: int = 4
+    grad_accum: int = 1
     log_every: int = 10
     eval_every: int = 200
     save_every: int = 1000
@@ -54,6 +55,7 @@ class TrainOptions:
         positive = {
             "--ttt": self.ttt,
             "--batch-size": self.batch_size,
+            "--grad-accum": self.grad_accum,
             "--log-every": self.log_every,
             "--epochs": self.epochs,
             "--draft-vocab-size": self.draft_vocab_size,

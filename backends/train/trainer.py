@@ -20,12 +20,12 @@ from backends.train.attention import ttt_block_mask
 from backends.train.config import DraftConfig
 from backends.train.data import Batch
 from backends.train.errors import TrainError
-from backends.train.loss import STEP_DECAY, LossParts, fused_ttt_loss, loss_rows, simulated_accept_length
+from backends.train.loss import STEP_DECAY, LossParts, LossRows, fused_ttt_loss, loss_rows, simulated_accept_length
 from backends.train.model import FROZEN_WEIGHTS, Eagle3Draft
 from backends.train.options import TrainOptions
 from backends.train.schedule import lr_factor, warmup_cosine, warmup_steps
 from backends.train.step_rows import StepRows
-from backends.train.target import Teacher
+from backends.train.target import Teacher, TeacherRows
 from backends.train.vocab import VocabMap
 
 ADAM_BETAS = (0.9, 0.95)
@@ -154,42 +154,55 @@ class Trainer:
             hidden: torch.Tensor = model(input_ids, aux, plan, masks)
         return hidden
 
-    def losses(self, model: nn.Module, batch: Batch, training: bool) -> LossParts:
+    def loss_rows(self, batch: Batch) -> tuple[TeacherRows, LossRows]:
         # Teacher and rows first: their host syncs (how many rows) then find the device nearly idle.
         teacher = self.teacher.rows(batch.hidden_state, batch.loss_mask)
-        rows = loss_rows(batch.loss_mask, teacher, self.options.ttt)
-        denominators = None
-        if training and self.ctx.world > 1:
-            denominators = distributed.all_reduce_sum(rows.in_loss.float()).clamp_min(1) / self.ctx.world
+        return teacher, loss_rows(batch.loss_mask, teacher, self.options.ttt)
+
+    def losses(
+        self,
+        model: nn.Module,
+        batch: Batch,
+        rows: tuple[TeacherRows, LossRows],
+        denominators: torch.Tensor | None,
+        training: bool,
+    ) -> LossParts:
+        teacher, loss = rows
         forward = self.forward if training else self._forward
         if training and self.compiled:
-            rows.plan.track_sizes()
+            loss.plan.track_sizes()
         masks = self.block_masks(batch.input_ids.shape[1])
-        hidden = forward(model, batch.input_ids, batch.aux_hidden_states, rows.plan, masks)
+        hidden = forward(model, batch.input_ids, batch.aux_hidden_states, loss.plan, masks)
         # The draft's own lm_head: under FSDP the root keeps its parameters gathered from forward to backward.
-        return fused_ttt_loss(hidden, self.draft.lm_head.weight, teacher, rows, denominators)
+        return fused_ttt_loss(hidden, self.draft.lm_head.weight, teacher, loss, denominators)
 
-    def train_step(self, batch: Batch) -> torch.Tensor:
-        """One optimizer step; returns, on the device (no host sync), the row
+    def train_step(self, *batches: Batch) -> torch.Tensor:
+        """One optimizer step on the micro-batches `batches` (--grad-accum), the step one batch holding them
+        all would take; returns, on the device (no host sync), the row
         [loss, ploss_0..K-1, correct_0..K-1, counted_0..K-1, grad_norm]."""
-        batch = batch.to(self.ctx.device, self.compute_dtype)
-        parts = self.losses(self.model, batch, training=True)
-        torch.autograd.backward(parts.loss)
+        batches = tuple(batch.to(self.ctx.device, self.compute_dtype) for batch in batches)
+        rows = [self.loss_rows(batch) for batch in batches]
+        denominators = None
+        if len(batches) > 1 or self.ctx.world > 1:
+            # Each position's weight is 1 / the positions in the loss over every micro-batch and process: DDP
+            # averages the processes' gradients, and the micro-batches' add up.
+            in_loss = torch.stack([loss.in_loss for _, loss in rows]).sum(0).float()
+            denominators = distributed.all_reduce_sum(in_loss).clamp_min(1) / self.ctx.world
+        totals: torch.Tensor | None = None
+        for n, (batch, batch_rows) in enumerate(zip(batches, rows, strict=True)):
+            with distributed.gradient_sync(self.model, n == len(batches) - 1):
+                parts = self.losses(self.model, batch, batch_rows, denominators, training=True)
+                torch.autograd.backward(parts.loss)
+            row = torch.cat([parts.loss.detach()[None], parts.ploss.detach(), parts.correct, parts.counted])
+            totals = row.float() if totals is None else totals + row
         grad_norm = nn.utils.clip_grad_norm_(self.params, self.options.max_grad_norm)
         if hasattr(grad_norm, "full_tensor"):  # a DTensor under FSDP
             grad_norm = grad_norm.full_tensor()
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
-        return torch.cat(
-            [
-                parts.loss.detach()[None],
-                parts.ploss,
-                parts.correct.float(),
-                parts.counted.float(),
-                grad_norm.detach()[None].float(),
-            ]
-        )
+        assert totals is not None, "train_step needs a batch"
+        return torch.cat([totals, grad_norm.detach()[None].float()])
 
     @torch.no_grad()
     def evaluate(self, batches: Iterable[Batch]) -> MetricRow:
@@ -197,7 +210,8 @@ class Trainer:
         k = self.options.ttt
         sums = torch.zeros(4, k, device=self.ctx.device)
         for batch in batches:
-            parts = self.losses(self.draft, batch.to(self.ctx.device, self.compute_dtype), training=False)
+            batch = batch.to(self.ctx.device, self.compute_dtype)
+            parts = self.losses(self.draft, batch, self.loss_rows(batch), None, training=False)
             sums += torch.stack([parts.ce_sum, parts.in_loss, parts.correct, parts.counted]).float()
         ce_sum, in_loss, correct, counted = distributed.all_reduce_sum(sums).cpu()
         ploss = (ce_sum / in_loss.clamp_min(1)).tolist()
