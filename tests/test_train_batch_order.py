@@ -15,10 +15,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from backends.extract.data import DEMO
+from backends.train import distributed
 from backends.train.__main__ import main
 from backends.train.data import GROUP_BATCHES, GROUPED, RANDOM, length_grouped
 from backends.train.errors import TrainError
-from backends.train.loop import check_same_order
+from backends.train.loop import check_same_order, prepare
+from backends.train.online import OnlineSource
+from backends.train.options import TrainOptions
 from tests.test_train_online import losses, online
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -120,3 +124,23 @@ def test_grouped_order_offline_is_refused(target: Path, tmp_path: Path, capsys: 
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert "--batch-order grouped goes with --online" in err and err.count("\n") == 1
+
+
+def test_held_out_batches_come_shortest_first_with_every_held_out_chat_once(target: Path, tmp_path: Path) -> None:
+    """Evaluation sums over the held-out chats, so their order is free: sorted, the target pads far less."""
+    options = TrainOptions(
+        data=Path(DEMO), target=target, out=tmp_path / "o", online=True, limit=96, val_samples=24, batch_size=4
+    )
+    run = prepare(options, distributed.init())
+    source = run.source
+    assert isinstance(source, OnlineSource)
+    held = source.samples.lengths()[source.first_val :]
+    batches = list(source.val_batches(run.layout))
+    widths = [batch.input_ids.shape[1] for batch in batches]
+    assert widths == sorted(widths)
+    assert sum(int(batch.attention_mask.sum()) for batch in batches) == sum(held)
+    assert sum(int(batch.loss_mask.sum()) for batch in batches) == sum(
+        int(source.samples.get(i)[1].sum()) for i in range(source.first_val, len(source.samples))
+    )
+    in_file_order = sum(4 * max(held[s : s + 4]) for s in range(0, len(held), 4))
+    assert 4 * sum(widths) < 0.9 * in_file_order  # demo chats: 1,428 padded tokens against 1,760
