@@ -304,8 +304,7 @@ class OnlineSource:
         """Every world-th held-out sample per process (as offline), shortest first: the metrics are sums over
         the samples, so their order changes only how much the target pads. A process one short adds a copy that
         counts no loss tokens, so that all run the target (and, under FSDP, the draft) as often."""
-        offsets = self.samples.offsets
-        held = sorted(range(self.first_val, len(self.samples)), key=lambda i: offsets[i + 1] - offsets[i])
+        held = sorted(range(self.first_val, len(self.samples)), key=self.samples.lengths().__getitem__)
         share = -(-len(held) // layout.world)
         ranks = []
         for r in range(layout.world):

@@ -88,6 +88,8 @@ class TrainOptions:
         if given and not self.online:
             raise TrainError(f"{', '.join(given)} go with --online (offline, the extraction chose them)")
         if self.batch_order == GROUPED and not self.online:
-            raise TrainError("--batch-order grouped goes with --online (offline, each shard is read whole, in order)")
+            raise TrainError(
+                "--batch-order grouped goes with --online (offline, a batch's samples come from the shard being read)"
+            )
         if self.out.exists() and not self.out.is_dir():
             raise TrainError(f"--out {self.out} exists and is not a folder")

@@ -188,21 +188,20 @@ class Trainer:
             # averages the processes' gradients, and the micro-batches' add up.
             in_loss = torch.stack([loss.in_loss for _, loss in rows]).sum(0).float()
             denominators = distributed.all_reduce_sum(in_loss).clamp_min(1) / self.ctx.world
-        totals: torch.Tensor | None = None
+        stats = []
         for n, (batch, batch_rows) in enumerate(zip(batches, rows, strict=True)):
             with distributed.gradient_sync(self.model, n == len(batches) - 1):
                 parts = self.losses(self.model, batch, batch_rows, denominators, training=True)
                 torch.autograd.backward(parts.loss)
-            row = torch.cat([parts.loss.detach()[None], parts.ploss.detach(), parts.correct, parts.counted])
-            totals = row.float() if totals is None else totals + row
+            parts_row = [parts.loss.detach()[None], parts.ploss.detach(), parts.correct.float(), parts.counted.float()]
+            stats.append(torch.cat(parts_row))
         grad_norm = nn.utils.clip_grad_norm_(self.params, self.options.max_grad_norm)
         if hasattr(grad_norm, "full_tensor"):  # a DTensor under FSDP
             grad_norm = grad_norm.full_tensor()
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
-        assert totals is not None, "train_step needs a batch"
-        return torch.cat([totals, grad_norm.detach()[None].float()])
+        return torch.cat([torch.stack(stats).sum(0), grad_norm.detach()[None].float()])
 
     @torch.no_grad()
     def evaluate(self, batches: Iterable[Batch]) -> MetricRow:
