@@ -3,12 +3,14 @@ both in one job as `--online` runs them (run on the lent H200).
 
     PYTHONPATH=. python -m benchmarks.online_throughput            # Llama-3.1-8B target and draft, bf16
     PYTHONPATH=. python -m benchmarks.online_throughput --tiny     # CPU smoke run
+    PYTHONPATH=. python -m benchmarks.online_throughput --min-length 128 --batch-order random   # chats of all lengths
 
 The target is a random Llama-3.1-8B (32 layers, hidden 4096, MLP 14336, 32 / 8 heads, vocabulary 128,256;
 8.0 B parameters) built in GPU memory; the draft, its trainer (compiled unless --no-compile) and the teacher
-are `benchmarks.train_throughput`'s. Batches of --batch-size x --seq random tokens come from
-`backends.train.online.OnlineSource` (the code `--online` runs), one process, the target replicated beside the
-draft. Timed, each after --warmup steps, over --steps steps:
+are `benchmarks.train_throughput`'s. Batches of --batch-size chats of --seq random tokens (with --min-length, of
+random lengths from it to --seq, batched in --batch-order as `train --online` does; the rates count chat tokens,
+not padding) come from `backends.train.online.OnlineSource` (the code `--online` runs), one process, the
+target replicated beside the draft. Timed, each after --warmup steps, over --steps steps:
 1. `forward`: OnlineSource batches alone (target forward with every hidden state, aux concat, padding mask);
 2. `offline`: the trainer's step on ready batches (what training from an extraction's shards costs, the
    shards' reading aside);
@@ -39,6 +41,7 @@ The day before (2026-12-01; 8 steps after 3), before the trainer's speed-ups and
 from __future__ import annotations
 
 import argparse
+import itertools
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -46,7 +49,7 @@ import torch
 
 from backends.eagle3_contract import Manifest
 from backends.train import distributed
-from backends.train.data import RANDOM, Batch, Layout
+from backends.train.data import GROUP_BATCHES, GROUPED, RANDOM, Batch, Layout
 from backends.train.online import OnlineSource, Samples
 from benchmarks._common import print_table
 from benchmarks._device_timing import timed_calls
@@ -78,14 +81,20 @@ def build_target(tiny: bool, device: torch.device) -> Any:
     return model.eval().requires_grad_(False)
 
 
-def synthetic_samples(count: int, seq: int, vocab: int) -> Samples:
+def synthetic_samples(count: int, seq: int, vocab: int, min_length: int | None) -> Samples:
+    """Random chats of --seq tokens, or of random lengths from `min_length` to --seq; the first 16 are a prompt."""
     gen = torch.Generator().manual_seed(0)
-    mask = torch.ones(count, seq, dtype=torch.int8)
-    mask[:, :16] = 0  # a prompt
+    if min_length is None:
+        lengths = [seq] * count
+    else:
+        lengths = torch.randint(min(min_length, seq), seq + 1, (count,), generator=gen).tolist()
+    masks = [torch.ones(length, dtype=torch.int8) for length in lengths]
+    for mask in masks:
+        mask[:16] = 0
     return Samples(
-        ids=torch.randint(0, vocab, (count * seq,), generator=gen, dtype=torch.int32),
-        loss_mask=mask.flatten(),
-        offsets=list(range(0, count * seq + 1, seq)),
+        ids=torch.randint(0, vocab, (sum(lengths),), generator=gen, dtype=torch.int32),
+        loss_mask=torch.cat(masks),
+        offsets=[0, *itertools.accumulate(lengths)],
     )
 
 
@@ -99,6 +108,10 @@ def main() -> None:
     parser.add_argument("--ttt", type=int, default=7)
     parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None)
     parser.add_argument("--attention", default="auto")
+    parser.add_argument(
+        "--min-length", type=int, help="chats of random lengths from this to --seq (default: all of --seq tokens)"
+    )
+    parser.add_argument("--batch-order", choices=(GROUPED, RANDOM), default=GROUPED, help="as train --batch-order")
     args = parser.parse_args()
     if args.tiny:
         args.seq, args.batch_size = min(args.seq, 64), min(args.batch_size, 2)
@@ -106,7 +119,9 @@ def main() -> None:
     cfg = TINY if args.tiny else LLAMA_31_8B
     compiled = ctx.device.type == "cuda" if args.compile is None else args.compile
     model = build_target(args.tiny, ctx.device)
-    count = (args.warmup + args.steps) * args.batch_size * 3 + 1
+    calls = args.warmup + args.steps
+    # Enough chats that grouping sorts as many batches together as in training (GROUP_BATCHES).
+    count = max(calls * 3, GROUP_BATCHES) * args.batch_size + 1
     manifest = Manifest(
         target_path="(in memory)",
         architecture="LlamaForCausalLM",
@@ -120,11 +135,11 @@ def main() -> None:
         max_length=args.seq,
         data="synthetic",
     )
-    source = OnlineSource(manifest, synthetic_samples(count, args.seq, cfg.vocab_size), 1, pad_id=0, order=RANDOM)
+    samples = synthetic_samples(count, args.seq, cfg.vocab_size, args.min_length)
+    source = OnlineSource(manifest, samples, 1, pad_id=0, order=args.batch_order)
     source.attach(model, "replicate", ctx)
     layout = Layout(args.batch_size, pad_multiple=128 if ctx.device.type == "cuda" else 1)
     trainer = make_trainer(cfg, args, compiled, ctx)
-    tokens: int = args.batch_size * args.seq
 
     def batches() -> Iterator[Batch]:
         epoch = 0
@@ -132,24 +147,33 @@ def main() -> None:
             yield from source.train_batches(layout, epoch, 0, 0)
             epoch += 1
 
-    def rate(step: Callable[[], object]) -> float:
-        """Tokens/s over --steps calls of `step`, after --warmup calls (compilation, allocator warm-up)."""
-        return tokens / timed_calls(step, args.warmup, args.steps, ctx.device).call_s
+    def rate(batch: Callable[[], Batch], step: Callable[[Batch], object]) -> float:
+        """Chat tokens (padding aside) per second over --steps calls of `step` on a `batch()` each, after --warmup
+        calls (compilation, allocator warm-up)."""
+        tokens: list[int] = []
+
+        def call() -> None:
+            taken = batch()
+            tokens.append(taken.tokens)
+            step(taken)
+
+        seconds = timed_calls(call, args.warmup, args.steps, ctx.device).call_s
+        return float(sum(tokens[args.warmup :]) / args.steps / seconds)
 
     stream = batches()
-    forward = rate(lambda: next(stream))
-    ready = [next(stream) for _ in range(2)]
-    turn = iter(range(1 << 30))
-    offline = rate(lambda: trainer.train_step(ready[next(turn) % 2]))
+    forward = rate(lambda: next(stream), lambda _: None)
+    ready = iter([next(stream) for _ in range(calls)])
+    offline = rate(lambda: next(ready), trainer.train_step)
     if ctx.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(ctx.device)
-    online = rate(lambda: trainer.train_step(next(stream)))
+    online = rate(lambda: next(stream), trainer.train_step)
     peak = f"{torch.cuda.max_memory_allocated(ctx.device) / 2**30:.1f} GiB peak" if ctx.device.type == "cuda" else "CPU"
     both = 1 / (1 / forward + 1 / offline)
     shape = "tiny" if args.tiny else "Llama-3.1-8B target + its EAGLE-3 draft"
+    lengths = "" if args.min_length is None else f" (chats of {args.min_length} to {args.seq}, {args.batch_order})"
     print(
-        f"{shape}, batch {args.batch_size} x {args.seq}, TTT {args.ttt}, compile {'on' if compiled else 'off'}, "
-        f"{ctx.device}; {args.steps} timed steps after {args.warmup}"
+        f"{shape}, batch {args.batch_size} x {args.seq}{lengths}, TTT {args.ttt}, "
+        f"compile {'on' if compiled else 'off'}, {ctx.device}; {args.steps} timed steps after {args.warmup}"
     )
     print_table(
         [
@@ -158,7 +182,7 @@ def main() -> None:
             ("offline, both stages (1 / (1/forward + 1/trainer))", f"{both:,.0f}", "1.00"),
             (f"online: target + trainer in one job ({peak})", f"{online:,.0f}", f"{online / both:.2f}"),
         ],
-        headers=("what", "tokens/s", "ratio to offline, both stages"),
+        headers=("what", "chat tokens/s", "ratio to offline, both stages"),
     )
 
 
