@@ -293,6 +293,22 @@ def test_a_step_larger_than_the_data_is_refused_in_one_line(
     assert err.count("\n") == 1
 
 
+def test_running_out_of_gpu_memory_ends_in_one_line_that_says_what_to_lower(
+    tiny: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """No GPU here: the step raises what CUDA's allocator raises (the only stand-in in this test)."""
+    from backends.train.trainer import Trainer
+
+    def out_of_memory(self: Trainer, *batches: object) -> None:
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
+
+    monkeypatch.setattr(Trainer, "train_step", out_of_memory)
+    assert main(args(tiny, tmp_path / "o", "--steps", "2")) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert "out of GPU memory: lower --batch-size (raise --grad-accum as much" in err
+
+
 def _torchrun(tiny: dict[str, Path], out: Path, fsdp: str, batch: str, accum: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if k != "EAGLE3_METRICS_FILE"}
     env["PYTHONPATH"] = str(REPO)

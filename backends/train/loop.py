@@ -325,7 +325,8 @@ def run_training(options: TrainOptions) -> None:
         train(prepare(options, ctx))
     except torch.OutOfMemoryError:
         raise TrainingFailed(
-            "out of GPU memory: lower --batch-size or --max-length (or use more GPUs through torchrun)"
+            "out of GPU memory: lower --batch-size (raise --grad-accum as much to keep the step's batch) or "
+            "--max-length, or use more GPUs through torchrun"
         ) from None
     finally:
         distributed.shutdown()
