@@ -384,3 +384,35 @@ def test_aux_states_come_from_hooks_on_the_aux_layers_alone_and_equal_every_hidd
     with pytest.raises(IndexError):
         capture.forward_states(model, ids + 10**6, mask, aux_ids)  # token ids outside the embedding
     assert [len(layer._forward_hooks) for layer in layers] == hooks_before
+
+
+def test_the_next_shard_is_tokenized_while_the_target_runs_on_this_one(
+    target: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first shard's forward pass waits until the second shard's chats are being tokenized: in a loop that
+    tokenized between forward passes it would wait forever (here, fail after 10 s)."""
+    import threading
+
+    from backends.extract.pipeline import ShardExtractor
+    from backends.extract.template import ChatTokenizer
+
+    second_tokenized = threading.Event()
+    calls: list[str] = []
+    tokenize, extract_shard = ChatTokenizer.tokenize, ShardExtractor.extract
+
+    def tokenizing(self: ChatTokenizer, chats: list[Any], max_length: int) -> list[Any]:
+        calls.append("tokenize")
+        if calls.count("tokenize") == 2:
+            second_tokenized.set()
+        return tokenize(self, chats, max_length)
+
+    def extracting(self: ShardExtractor, samples: list[Any]) -> Any:
+        if not calls.count("forward"):
+            assert second_tokenized.wait(10), "shard 2 was not tokenized while shard 1 ran on the target"
+        calls.append("forward")
+        return extract_shard(self, samples)
+
+    monkeypatch.setattr(ChatTokenizer, "tokenize", tokenizing)
+    monkeypatch.setattr(ShardExtractor, "extract", extracting)
+    assert extract(target, tmp_path / "out", "--limit", "12", "--shard-size", "4") == 0
+    assert calls.count("forward") == 3 and len(read_manifest(tmp_path / "out").shards) == 3

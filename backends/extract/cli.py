@@ -10,6 +10,7 @@ print one `error: ...` line on stderr, never a traceback.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import importlib.metadata
 import itertools
@@ -20,6 +21,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from backends.ahead import background
 from backends.eagle3_contract import ContractError, Manifest, default_aux_layers
 from backends.extract import capture, sglang_capture
 from backends.extract.args import DEFAULT_WRITERS, build_parser
@@ -217,11 +219,9 @@ def tokenize_chats(
     """The chats that keep at least one assistant token, and counts of the others by reason."""
     kept: list[TokenizedChat] = []
     dropped: dict[str, int] = {}
-    for chat in chats:
-        try:
-            sample = chat_tokenizer.tokenize(chat, max_length)
-        except TemplateError as exc:
-            reason = str(exc).splitlines()[0]
+    for sample in chat_tokenizer.tokenize(chats, max_length):
+        if isinstance(sample, TemplateError):
+            reason = str(sample).splitlines()[0]
             dropped[reason] = dropped.get(reason, 0) + 1
             continue
         if not any(sample.loss_mask):
@@ -268,9 +268,11 @@ def run_shards(
         record_shard(out, progress, shard)
         reporter.shard_done(shard)
 
-    jobs = shard_jobs(chat_tokenizer, dataset, progress)
+    # The next shard's chats are tokenized in a thread while the target runs on this one's.
+    jobs = background(shard_jobs(chat_tokenizer, dataset, progress), depth=1)
     try:
-        run_pipeline(capturer, jobs, args.batch_tokens, save, record, args.writers)
+        with contextlib.closing(jobs):
+            run_pipeline(capturer, jobs, args.batch_tokens, save, record, args.writers)
     except torch.OutOfMemoryError:
         raise ExtractFailed(f"out of memory with --batch-tokens {args.batch_tokens}; lower it") from None
 

@@ -16,6 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 Message = dict[str, str]
 
 
@@ -85,14 +87,40 @@ class ChatTokenizer:
             return None
         return len(before), len(upto)
 
-    def tokenize(self, messages: list[Message], max_length: int) -> TokenizedChat:
-        """Token ids and loss mask of one chat, truncated to `max_length` tokens."""
-        text, spans = self.assistant_spans(messages)
-        encoded = self.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
-        ids: list[int] = list(encoded["input_ids"])[:max_length]
-        offsets: list[tuple[int, int]] = list(encoded["offset_mapping"])[:max_length]
-        mask = [int(any(a < end and b > start for start, end in spans)) for a, b in offsets]
-        return TokenizedChat(input_ids=ids, loss_mask=mask)
+    def tokenize(self, chats: list[list[Message]], max_length: int) -> list[TokenizedChat | TemplateError]:
+        """Each chat's token ids and loss mask, truncated to `max_length` tokens, or why it cannot be had.
+
+        The chats are encoded in one call, which the Rust tokenizer spreads over the cores (one chat at a
+        time runs on one).
+        """
+        rendered: list[tuple[str, list[tuple[int, int]]] | TemplateError] = []
+        for messages in chats:
+            try:
+                rendered.append(self.assistant_spans(messages))
+            except TemplateError as exc:
+                rendered.append(exc)
+        texts = [r[0] for r in rendered if not isinstance(r, TemplateError)]
+        empty: dict[str, list[Any]] = {"input_ids": [], "offset_mapping": []}
+        encoded = self.tokenizer(texts, add_special_tokens=False, return_offsets_mapping=True) if texts else empty
+        results: list[TokenizedChat | TemplateError] = []
+        n = 0
+        for r in rendered:
+            if isinstance(r, TemplateError):
+                results.append(r)
+                continue
+            ids: list[int] = list(encoded["input_ids"][n])[:max_length]
+            offsets = np.asarray(encoded["offset_mapping"][n][:max_length], dtype=np.int64).reshape(-1, 2)
+            results.append(TokenizedChat(input_ids=ids, loss_mask=span_mask(offsets, r[1]).tolist()))
+            n += 1
+        return results
+
+
+def span_mask(offsets: np.ndarray, spans: list[tuple[int, int]]) -> np.ndarray:
+    """int8 [tokens]: 1 where a token's characters [a, b) (`offsets` [tokens, 2]) overlap a span [start, end)."""
+    mask = np.zeros(len(offsets), dtype=bool)
+    for start, end in spans:
+        mask |= (offsets[:, 0] < end) & (offsets[:, 1] > start)
+    return mask.astype(np.int8)
 
 
 def _span_by_search(full: str, content: str, cursor: int) -> tuple[int, int] | None:

@@ -10,14 +10,11 @@ what it had consumed without loading it. Batches are right-padded.
 
 from __future__ import annotations
 
-import queue
 import random
-import threading
-from collections.abc import Generator, Iterable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar, cast
 
 import torch
 import torch.nn.functional as F
@@ -25,7 +22,6 @@ import torch.nn.functional as F
 from backends.eagle3_contract import ContractError, Manifest, read_shard
 
 Sample = dict[str, torch.Tensor]
-T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -282,52 +278,3 @@ def val_batches(reader: ShardReader, split: Split, layout: Layout) -> Iterator[B
             group = []
     if group:
         yield collate(group, layout.pad_multiple, layout.max_length)
-
-
-class _Failure:
-    def __init__(self, exc: BaseException) -> None:
-        self.exc = exc
-
-
-_END = object()
-
-
-def background(items: Iterable[T], depth: int = 2) -> Generator[T, None, None]:
-    """`items`, produced in a thread `depth` ahead (shard reads and padding overlap the GPU's work)."""
-    slots: queue.Queue[object] = queue.Queue(maxsize=depth)
-    stop = threading.Event()
-
-    def offer(value: object) -> bool:
-        while not stop.is_set():
-            try:
-                slots.put(value, timeout=0.1)
-                return True
-            except queue.Full:
-                continue
-        return False
-
-    def produce() -> None:
-        try:
-            for item in items:
-                if not offer(item):
-                    return
-            offer(_END)
-        except BaseException as exc:  # handed to the consumer, raised there
-            offer(_Failure(exc))
-        finally:
-            close = getattr(items, "close", None)
-            if close is not None:
-                close()
-
-    thread = threading.Thread(target=produce, name="batches", daemon=True)
-    thread.start()
-    try:
-        while True:
-            value = slots.get()
-            if value is _END:
-                return
-            if isinstance(value, _Failure):
-                raise value.exc
-            yield cast(T, value)
-    finally:
-        stop.set()

@@ -9,8 +9,9 @@ from typing import Protocol
 
 import torch
 
+from backends.ahead import background
 from backends.eagle3_contract import Manifest
-from backends.train.data import Batch, Layout, ShardReader, Split, background, train_batches, val_batches
+from backends.train.data import Batch, Layout, ShardReader, Split, train_batches, val_batches
 
 
 class Source(Protocol):
