@@ -148,6 +148,8 @@ async def test_supervisor_kill_9_leaves_the_run_going_then_lost(client: AgentCli
     run = RunStore(workdir).get(launched["run"])
     supervisor = run.supervisor()
     assert supervisor is not None
+    # Killed once it has recorded the run as running (under load, launch can answer before it has).
+    await asyncio.to_thread(wait_for, lambda: [e for e in run.events() if e.get("state") == "running"], 10, "running")
     os.kill(supervisor.pid, signal.SIGKILL)
     await asyncio.sleep(0.2)
     assert (await client.request("status"))["runs"][0]["state"] == "running"

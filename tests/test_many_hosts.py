@@ -420,7 +420,7 @@ def test_the_console_over_two_hosts_keeps_one_while_the_other_is_down_and_relaun
         term.send("y")
         deadline = time.monotonic() + 60
         while set(relaunched := [n["run"] for n in job_of(laptop, "sweep-1")["nodes"]]) & set(nodes.values()):
-            assert time.monotonic() < deadline, relaunched
+            assert time.monotonic() < deadline, (relaunched, term.screen())
             time.sleep(0.5)
         assert [json.loads(laptop.cli(h, "status", r, "--json").stdout)["state"] for h, r in nodes.items()] == [
             "killed",
@@ -432,7 +432,7 @@ def test_the_console_over_two_hosts_keeps_one_while_the_other_is_down_and_relaun
         term.send("y")
         deadline = time.monotonic() + 60
         while (found := job_of(laptop, "sweep-1"))["state"] != "killed":
-            assert time.monotonic() < deadline, found
+            assert time.monotonic() < deadline, (found, term.screen())
             time.sleep(0.5)
     assert [(n["host"], n["run"], n["state"]) for n in found["nodes"]] == [
         ("a", relaunched[0], "killed"),
