@@ -426,7 +426,13 @@ def test_the_console_over_two_hosts_keeps_one_while_the_other_is_down_and_relaun
             "killed",
             "killed",
         ]
-        term.wait_for(lambda s: s.count("running") >= 2 and "killed" in s, 60, "the new nodes in view")
+        tails = [run[-4:] for run in relaunched]  # the RUN column keeps the end of the id
+
+        def new_nodes_running(screen: str) -> bool:  # not the killed ones, however recently they said running
+            rows = [" ".join(row) for row in node_rows(screen)]
+            return all(any(tail in row and "running" in row for row in rows) for tail in tails)
+
+        term.wait_for(new_nodes_running, 60, "the new nodes in view")
         term.send("k")
         term.wait_for(lambda s: "Send SIGTERM to job sweep-1: its 2 live node runs (a, b)?" in s, 30, "the job dialog")
         term.send("y")
