@@ -36,8 +36,9 @@ from backends.demo_target import write_demo_target
 from backends.eagle3_contract import Manifest
 from backends.extract.cli import load_chat_tokenizer
 from backends.extract.data import DEMO, load_dataset
+from backends.train.chats import DEFAULT_MAX_LENGTH, Samples, tokenize
 from backends.train.data import GROUPED, RANDOM, Layout
-from backends.train.online import DEFAULT_MAX_LENGTH, OnlineSource, Samples, tokenize
+from backends.train.online import OnlineSource
 from benchmarks._common import print_table
 
 

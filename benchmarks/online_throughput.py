@@ -49,8 +49,9 @@ import torch
 
 from backends.eagle3_contract import Manifest
 from backends.train import distributed
+from backends.train.chats import Samples
 from backends.train.data import GROUP_BATCHES, GROUPED, RANDOM, Batch, Layout
-from backends.train.online import OnlineSource, Samples
+from backends.train.online import OnlineSource
 from benchmarks._common import print_table
 from benchmarks._device_timing import timed_calls
 from benchmarks.train_throughput import LLAMA_31_8B, TINY, make_trainer

@@ -52,10 +52,11 @@ def test_online_training_learns_writes_no_states_and_its_checkpoint_passes_docto
     assert "92 train / 4 val samples (online from demo, target replicate)" in printed
     curve = losses(out)
     assert curve[24] < 0.8 * curve[2]
-    # Checkpoints and metrics only: no shard, no hidden state on disk.
+    # Checkpoints, metrics and the tokenized chats only: no shard, no hidden state on disk.
     assert not list(out.rglob("*shard*")) and sorted(p.name for p in out.iterdir()) == [
         "final",
         "metrics.jsonl",
+        "tokenized-chats.safetensors",
     ]
     manifest = json.loads((out / "final" / MANIFEST).read_text())
     assert manifest["aux_layer_ids"] == [1, 3, 4] and manifest["data"] == "demo" and len(manifest["data_sha256"]) == 64

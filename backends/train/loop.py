@@ -17,7 +17,7 @@ import torch
 from backends.eagle3_contract import Manifest, read_manifest
 from backends.host import cpus
 from backends.protocol import Metric, MetricRow
-from backends.train import checkpoint, distributed, online
+from backends.train import chats, checkpoint, distributed, online
 from backends.train.config import DraftConfig, check_draft, check_target
 from backends.train.data import GROUPED, RANDOM, Batch, Layout, ShardReader, default_val_samples, split_samples
 from backends.train.errors import TrainError, TrainingFailed
@@ -85,10 +85,14 @@ def open_shards(options: TrainOptions) -> ShardSource:
     return ShardSource(manifest, ShardReader(options.data, manifest), split)
 
 
-def open_online(options: TrainOptions, target_cfg: TargetConfig, ctx: distributed.Dist) -> online.OnlineSource:
-    chat_tokenizer, samples, *data = online.load_chats(options)
-    manifest = online.online_manifest(options, target_cfg, chat_tokenizer, samples, (data[0], data[1]), ctx.device.type)
-    return online.OnlineSource(manifest, samples, held_out(options, len(samples)), chat_tokenizer.pad_id, options.order)
+def open_online(
+    options: TrainOptions, target_cfg: TargetConfig, ctx: distributed.Dist
+) -> tuple[online.OnlineSource, chats.Chats]:
+    tokenized = chats.load_chats(options)
+    manifest = online.online_manifest(options, target_cfg, tokenized, ctx.device.type)
+    held = held_out(options, len(tokenized.samples))
+    source = online.OnlineSource(manifest, tokenized.samples, held, tokenized.tokenizer.pad_id, options.order)
+    return source, tokenized
 
 
 def prepare(options: TrainOptions, ctx: distributed.Dist) -> Run:
@@ -96,9 +100,10 @@ def prepare(options: TrainOptions, ctx: distributed.Dist) -> Run:
     options.validate()
     threads = use_cpu_threads(options, ctx)
     source: Source
+    tokenized = None
     if options.online:
         target_cfg = read_target_config(options.target)
-        source = open_online(options, target_cfg, ctx)
+        source, tokenized = open_online(options, target_cfg, ctx)
     else:
         source = open_shards(options)
         target_cfg = read_target_config(options.target)
@@ -139,6 +144,9 @@ def prepare(options: TrainOptions, ctx: distributed.Dist) -> Run:
         state = checkpoint.load_training_state(latest)
         check_same_order(latest, state, options.order, global_batch)
         trainer.restore(state)
+    if tokenized is not None and not tokenized.from_copy and ctx.main:
+        kept = chats.write_copy(options.out, tokenized)
+        print(f"data: tokenized chats kept in {kept} ({kept.stat().st_size / 2**20:,.1f} MiB) for a resume", flush=True)
     if isinstance(source, online.OnlineSource):
         placement = online.choose_placement(options.target_placement, ctx, options.target)
         model = online.load_target_model(options.target, ctx, placement, manifest.dtype)

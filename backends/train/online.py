@@ -1,12 +1,13 @@
 """Online training: the target runs in the training job and hands the draft its hidden states batch by batch.
 
-Nothing touches the disk: for a 70B target the aux and final states are about 64 KB a token (terabytes for a
-corpus) where the chats are megabytes. The chats are tokenized once, at the start, with the target's chat
-template exactly as the extraction does (same loss mask, same truncation); the last `val` samples are held
-out; an epoch's order is a seeded shuffle, cut into batches of similar lengths (`--batch-order grouped`, the
-default: the target's forward pads each batch to its longest chat), so a resumed run skips what it consumed
-from (epoch, samples in epoch) alone. The manifest the checkpoints carry records the data's hash and the
-order, and a resume on other data, or in another order, is refused.
+No hidden state touches the disk: for a 70B target the aux and final states are about 64 KB a token
+(terabytes for a corpus) where the chats are megabytes. The chats are tokenized at the start with the target's
+chat template exactly as the extraction does (same loss mask, same truncation), and kept in --out so that a
+resume reads them instead (`backends.train.chats`). The last `val` samples are held out; an epoch's order is
+a seeded shuffle, cut into batches of similar lengths (`--batch-order grouped`, the default: the target's
+forward pads each batch to its longest chat), so a resumed run skips what it consumed from (epoch, samples in
+epoch) alone. The manifest the checkpoints carry records the data's hash and the order, and a resume on other
+data, or in another order, is refused.
 
 Placement in one process: `replicate` (the target on the training GPU beside the draft), or `spread` (its
 layers over every visible GPU, transformers' device_map "auto", as `extract --device auto` does, for a target
@@ -27,9 +28,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import json
-import time
 from collections.abc import Generator, Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -37,99 +36,19 @@ import torch
 
 from backends.eagle3_contract import MANIFEST, ContractError, Manifest
 from backends.extract import capture
-from backends.extract.cli import ExtractFailed, UsageError, choose_layers, load_chat_tokenizer, tokenize_chats
-from backends.extract.data import DEMO, DataError, load_dataset
-from backends.extract.template import ChatTokenizer
+from backends.extract.cli import UsageError, choose_layers
+from backends.train.chats import DEFAULT_MAX_LENGTH, Chats, Samples
 from backends.train.data import GROUPED, RANDOM, Batch, Layout, Span, epoch_order, length_grouped
 from backends.train.distributed import Dist
 from backends.train.errors import TrainError, TrainingFailed
 from backends.train.options import TrainOptions
 from backends.train.target import TargetConfig
 
-DEFAULT_MAX_LENGTH = 2048
 # `auto` shards the target once its weights pass this share of one GPU's memory.
 REPLICATE_SHARE = 1 / 3
 
 
-@dataclass
-class Samples:
-    """The tokenized chats, flat (a corpus of Python int lists would take gigabytes): sample i is
-    ids[offsets[i]:offsets[i + 1]]."""
-
-    ids: torch.Tensor  # int32
-    loss_mask: torch.Tensor  # int8
-    offsets: list[int]
-    dropped: dict[str, int] = field(default_factory=dict)
-
-    def __len__(self) -> int:
-        return len(self.offsets) - 1
-
-    def get(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
-        start, end = self.offsets[i], self.offsets[i + 1]
-        return self.ids[start:end], self.loss_mask[start:end]
-
-    def lengths(self) -> list[int]:
-        return [self.offsets[i + 1] - self.offsets[i] for i in range(len(self))]
-
-
-# Chats tokenized at a time: their Python lists are flattened into tensors before the next ones are made.
-TOKENIZE_CHUNK = 1024
-
-
-def tokenize(chat_tokenizer: ChatTokenizer, chats: list[list[dict[str, str]]], max_length: int) -> Samples:
-    """The chats that keep an assistant token within `max_length` (as the extraction keeps them), flat."""
-    ids: list[torch.Tensor] = []
-    masks: list[torch.Tensor] = []
-    offsets = [0]
-    dropped: dict[str, int] = {}
-    for start in range(0, len(chats), TOKENIZE_CHUNK):
-        kept, reasons = tokenize_chats(chat_tokenizer, chats[start : start + TOKENIZE_CHUNK], max_length)
-        for reason, count in reasons.items():
-            dropped[reason] = dropped.get(reason, 0) + count
-        for sample in kept:
-            ids.append(torch.tensor(sample.input_ids, dtype=torch.int32))
-            masks.append(torch.tensor(sample.loss_mask, dtype=torch.int8))
-            offsets.append(offsets[-1] + len(sample.input_ids))
-    flat = torch.cat(ids) if ids else torch.zeros(0, dtype=torch.int32)
-    return Samples(flat, torch.cat(masks) if masks else torch.zeros(0, dtype=torch.int8), offsets, dropped)
-
-
-def load_chats(options: TrainOptions) -> tuple[ChatTokenizer, Samples, str, str]:
-    """(the chat tokenizer, the samples, the data's name, its SHA-256), or TrainError."""
-    spec = str(options.data)
-    if spec != DEMO and not options.data.is_file():
-        raise TrainError(f"--data {spec}: no such file (with --online, a JSONL file of chats, or demo)")
-    try:
-        chat_tokenizer = load_chat_tokenizer(options.target, options.chat_template)
-    except (UsageError, ExtractFailed) as exc:  # both mean a bad --target or --chat-template here: exit 2
-        raise TrainError(str(exc)) from None
-    try:
-        dataset = load_dataset(spec, options.limit)
-    except DataError as exc:
-        raise TrainingFailed(str(exc)) from None
-    if dataset.skipped:
-        print(f"data: {dataset.skip_summary()}", flush=True)
-    started = time.perf_counter()
-    samples = tokenize(chat_tokenizer, dataset.chats, options.max_length or DEFAULT_MAX_LENGTH)
-    dropped = ", ".join(f"{count} {reason}" for reason, count in samples.dropped.items())
-    print(
-        f"data: {len(samples)} of {len(dataset.chats)} chats from {dataset.source} tokenized "
-        f"({len(samples.ids):,} tokens, {time.perf_counter() - started:.1f} s)"
-        + (f"; dropped {dropped}" if dropped else ""),
-        flush=True,
-    )
-    name = DEMO if spec == DEMO else str(options.data.resolve())
-    return chat_tokenizer, samples, name, dataset.sha256
-
-
-def online_manifest(
-    options: TrainOptions,
-    target: TargetConfig,
-    chat_tokenizer: ChatTokenizer,
-    samples: Samples,
-    data: tuple[str, str],
-    device_type: str,
-) -> Manifest:
+def online_manifest(options: TrainOptions, target: TargetConfig, chats: Chats, device_type: str) -> Manifest:
     """The contract an extraction would have written for these chats: the checkpoints carry it, and doctor
     checks an online-trained draft against it as against an extraction's."""
     try:
@@ -145,14 +64,14 @@ def online_manifest(
         dtype=capture.resolve_dtype("auto", device_type),
         aux_layer_ids=aux_ids,
         tokenizer=str(options.target.resolve()),
-        chat_template=chat_tokenizer.template,
+        chat_template=chats.tokenizer.template,
         max_length=options.max_length or DEFAULT_MAX_LENGTH,
-        samples=len(samples),
-        tokens=len(samples.ids),
+        samples=len(chats.samples),
+        tokens=len(chats.samples.ids),
         backend="hf",
         backend_version=importlib.metadata.version("transformers"),
-        data=data[0],
-        data_sha256=data[1],
+        data=chats.name,
+        data_sha256=chats.sha256,
     )
     try:
         manifest.validate()
