@@ -21,7 +21,12 @@ bf16 on CUDA, and measures, with synthetic chats:
    full-length chats, and shards of --shard-size chats of mixed lengths
    (256..2048 tokens) in padded batches of at most 16 x 2048. Steady state:
    the loop over writers + 2 shards, and over --shards more; the rate is the
-   extra shards' tokens over the extra time.
+   extra shards' tokens over the extra time;
+6. the same loop from text: --shard-size chats of the demo corpus's words
+   (one token each to the demo tokenizer), tokenized with the demo target's
+   chat template a shard ahead in a thread, as `python -m backends.extract`
+   does (rows 5 feed tokenized chats, so they leave tokenization out), and
+   tokenization alone on one thread.
 
 Bytes per token: (1 + n_aux) * hidden * dtype size + 9 (input_ids int64,
 loss_mask int8). The disk bound is the best bandwidth of 3. over that; the
@@ -51,16 +56,21 @@ import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from backends.ahead import background
+from backends.demo_target import write_demo_target
 from backends.eagle3_contract import write_safetensors
 from backends.extract.args import DEFAULT_WRITERS
 from backends.extract.capture import HFCapturer, forward_states, pad_batch
+from backends.extract.cli import load_chat_tokenizer, tokenize_chats
+from backends.extract.data import DEMO, load_dataset
 from backends.extract.pipeline import HostBuffers, HostShard, ShardExtractor, ShardJob, length_batches, run_pipeline
-from backends.extract.template import TokenizedChat
+from backends.extract.template import ChatTokenizer, TokenizedChat
 from benchmarks import disk_bandwidth
 from benchmarks._common import print_table
 from benchmarks._device_timing import timed_calls
@@ -73,7 +83,7 @@ TINY = {
     "intermediate": 128,
     "heads": 4,
     "kv_heads": 2,
-    "vocab": 512,
+    "vocab": 2048,  # the demo tokenizer's ids
     "batch": 4,
     "seq": 128,
     "iters": 2,
@@ -131,8 +141,40 @@ def synthetic(lengths: list[int], vocab: int, rng: random.Random) -> list[Tokeni
     return [TokenizedChat([rng.randrange(vocab) for _ in range(n)], [1] * n) for n in lengths]
 
 
+# Shard jobs for a loop of `count` shards.
+Jobs = Callable[[int], Iterator[ShardJob]]
+
+
+def text_chats(count: int, seq: int, rng: random.Random) -> list[list[dict[str, str]]]:
+    """Chats of a question and an answer of `min(256, seq)` to `seq` words of the demo corpus (one token each
+    to the demo tokenizer, whose BPE learnt them)."""
+    words = " ".join(m["content"] for chat in load_dataset(DEMO, None).chats for m in chat).split()
+    words *= -(-2 * seq // len(words))
+    chats = []
+    for _ in range(count):
+        start, size = rng.randrange(len(words) - seq), rng.randint(min(256, seq), seq)
+        answer = " ".join(words[start : start + size])
+        chats.append([{"role": "user", "content": "Tell me more."}, {"role": "assistant", "content": answer}])
+    return chats
+
+
+def tokenized_jobs(chat_tokenizer: ChatTokenizer, chats: list[list[dict[str, str]]], seq: int) -> Jobs:
+    """Shards of `chats` tokenized as `python -m backends.extract` does: in a thread, a shard ahead."""
+
+    def jobs(count: int) -> Iterator[ShardJob]:
+        made = (ShardJob(i, 0, len(chats), *tokenize_chats(chat_tokenizer, chats, seq)) for i in range(count))
+        return background(made, depth=1)
+
+    return jobs
+
+
+def ready_jobs(samples: list[TokenizedChat]) -> Jobs:
+    """Shards of `samples`, tokenized already."""
+    return lambda count: (ShardJob(i, 0, len(samples), samples, {}) for i in range(count))
+
+
 def steady_loop(
-    capturer: HFCapturer, samples: list[TokenizedChat], budget: int, folder: Path, writers: int, shards: int
+    capturer: HFCapturer, jobs: Jobs, shard_tokens: int, budget: int, folder: Path, writers: int, shards: int
 ) -> float:
     """Tokens per second of run_pipeline in steady state: the loop run twice, over writers + 2 shards and over
     `shards` more; the difference leaves out what both pay once (pinning the host blocks, the last writes)."""
@@ -144,13 +186,12 @@ def steady_loop(
         path.unlink()
 
     def seconds(count: int) -> float:
-        jobs = (ShardJob(i, 0, len(samples), samples, {}) for i in range(count))
         started = time.perf_counter()
-        run_pipeline(capturer, jobs, budget, save, lambda _: None, writers)
+        run_pipeline(capturer, jobs(count), budget, save, lambda _: None, writers)
         return time.perf_counter() - started
 
     base = seconds(writers + 2)
-    return shards * sum(len(s.input_ids) for s in samples) / (seconds(writers + 2 + shards) - base)
+    return shards * shard_tokens / (seconds(writers + 2 + shards) - base)
 
 
 def write_rates(shard: HostShard, folder: Path, repeats: int) -> tuple[float, float]:
@@ -220,6 +261,11 @@ def main(argv: list[str] | None = None) -> int:
     mixed_lengths = [rng.randint(min(256, args.seq), args.seq) for _ in range(args.shard_size)]
     mixed = synthetic(mixed_lengths, args.vocab, rng)
     capturer = HFCapturer(model, aux_ids, 0)
+    scratch = Path(tempfile.mkdtemp(prefix="extract-bench-target-"))
+    try:
+        chat_tokenizer = load_chat_tokenizer(write_demo_target(scratch / "target"), None)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
     ids = torch.tensor([s.input_ids for s in full], device=args.device)
     mask = torch.ones_like(ids)
 
@@ -250,9 +296,20 @@ def main(argv: list[str] | None = None) -> int:
         buffers.give_back(shard.block)
         buffers.close()
         disk = disk_bandwidth.measure(args)
-        loops = {w: steady_loop(capturer, full, budget, folder, w, args.shards) for w in args.writers}
-        w_mixed = DEFAULT_WRITERS
-        loop_mixed = steady_loop(capturer, mixed, budget, folder, w_mixed, max(2, args.shards // 2))
+        full_tokens = sum(len(s.input_ids) for s in full)
+        loops = {
+            w: steady_loop(capturer, ready_jobs(full), full_tokens, budget, folder, w, args.shards)
+            for w in args.writers
+        }
+        w_mixed, mixed_shards = DEFAULT_WRITERS, max(2, args.shards // 2)
+        loop_mixed = steady_loop(capturer, ready_jobs(mixed), sum(mixed_lengths), budget, folder, w_mixed, mixed_shards)
+        chats = text_chats(args.shard_size, args.seq, rng)
+        started = time.perf_counter()
+        tokenized, _ = tokenize_chats(chat_tokenizer, chats, args.seq)
+        shard_tokens = sum(len(s.input_ids) for s in tokenized)
+        tokenize_rate = shard_tokens / (time.perf_counter() - started)
+        from_text = tokenized_jobs(chat_tokenizer, chats, args.seq)
+        loop_tokenized = steady_loop(capturer, from_text, shard_tokens, budget, folder, w_mixed, mixed_shards)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
 
@@ -290,6 +347,12 @@ def main(argv: list[str] | None = None) -> int:
             f"full loop, {args.shard_size} chats of {min(256, args.seq)}..{args.seq} per shard, {w_mixed} writers: "
             "tokens/s",
             loop_mixed,
+            min(mixed_forward_rate, disk_bound),
+        ),
+        row("tokenizing chats of as many tokens (template, encode, mask), one thread: tokens/s", tokenize_rate),
+        row(
+            f"full loop, the same from text, tokenized a shard ahead as `extract` does, {w_mixed} writers: tokens/s",
+            loop_tokenized,
             min(mixed_forward_rate, disk_bound),
         ),
     ]
