@@ -87,3 +87,16 @@ def test_the_copy_is_named_by_everything_the_chats_were_made_from(target: Path, 
     assert base == cache_key(load_chat_tokenizer(target, None), "a" * 64, 2048, None)
     assert len({base, *others}) == 5
     assert read_copy(tmp_path / "missing.safetensors", base) is None
+
+
+def test_a_copy_the_disk_refuses_is_said_in_one_line_and_training_goes_on(
+    target: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A folder where the file should go stands for a full or read-only disk (root ignores permission bits)."""
+    out = tmp_path / "run"
+    (out / CACHE).mkdir(parents=True)
+    assert main(online(target, out, "--steps", "2", "--eval-every", "0")) == 0
+    printed = capsys.readouterr().out
+    assert f"data: cannot keep the tokenized chats in {out / CACHE}" in printed
+    assert "a resume will tokenize them again" in printed and (out / "final").is_dir()
+    assert not [p for p in out.iterdir() if p.name.endswith(".tmp")]

@@ -121,23 +121,30 @@ def read_copy(path: Path, key: str) -> Samples | None:
     return Samples(ids, mask, offsets.tolist(), dropped)
 
 
-def write_copy(out: Path, chats: Chats) -> Path:
-    """OUT/tokenized-chats.safetensors, mode 600, written to a temp file and renamed over any older one."""
+def keep_copy(out: Path, chats: Chats) -> None:
+    """OUT/tokenized-chats.safetensors, mode 600, written to a temp file and renamed over any older one. It only
+    spares a resume some minutes: a disk that refuses it (full, read-only) is said in one line, and training
+    goes on."""
+    from safetensors import SafetensorError
     from safetensors.torch import save_file
 
-    out.mkdir(parents=True, exist_ok=True)
     path = out / CACHE
     tmp = out / f".{CACHE}.{os.getpid()}.tmp"
-    tmp.unlink(missing_ok=True)
-    os.close(open_private(tmp, os.O_WRONLY | os.O_EXCL))  # safetensors then writes into it, keeping 600
     try:
+        out.mkdir(parents=True, exist_ok=True)
+        tmp.unlink(missing_ok=True)
+        os.close(open_private(tmp, os.O_WRONLY | os.O_EXCL))  # safetensors then writes into it, keeping 600
         samples = chats.samples
         tensors = {"ids": samples.ids, "loss_mask": samples.loss_mask, "offsets": torch.tensor(samples.offsets)}
         save_file(tensors, str(tmp), {"key": chats.key, "dropped": json.dumps(samples.dropped)})
         os.replace(tmp, path)
+    except (OSError, SafetensorError) as exc:
+        print(f"data: cannot keep the tokenized chats in {path} ({exc}); a resume will tokenize them again", flush=True)
+        return
     finally:
         tmp.unlink(missing_ok=True)
-    return path
+    size = path.stat().st_size / 2**20
+    print(f"data: tokenized chats kept in {path} ({size:,.1f} MiB) for a resume", flush=True)
 
 
 def load_chats(options: TrainOptions) -> Chats:

@@ -145,8 +145,7 @@ def prepare(options: TrainOptions, ctx: distributed.Dist) -> Run:
         check_same_order(latest, state, options.order, global_batch)
         trainer.restore(state)
     if tokenized is not None and not tokenized.from_copy and ctx.main:
-        kept = chats.write_copy(options.out, tokenized)
-        print(f"data: tokenized chats kept in {kept} ({kept.stat().st_size / 2**20:,.1f} MiB) for a resume", flush=True)
+        chats.keep_copy(options.out, tokenized)
     if isinstance(source, online.OnlineSource):
         placement = online.choose_placement(options.target_placement, ctx, options.target)
         model = online.load_target_model(options.target, ctx, placement, manifest.dtype)
