@@ -63,7 +63,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as scratch:
         target = args.target or write_demo_target(Path(scratch) / "target")
         samples = load(args.data, target, args.max_length)
-    lengths = samples.lengths()
+    lengths = samples.lengths
     manifest = Manifest(
         target_path=str(target),
         architecture="LlamaForCausalLM",

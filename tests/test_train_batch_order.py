@@ -134,7 +134,7 @@ def test_held_out_batches_come_shortest_first_with_every_held_out_chat_once(targ
     run = prepare(options, distributed.init())
     source = run.source
     assert isinstance(source, OnlineSource)
-    held = source.samples.lengths()[source.first_val :]
+    held = source.samples.lengths[source.first_val :]
     batches = list(source.val_batches(run.layout))
     widths = [batch.input_ids.shape[1] for batch in batches]
     assert widths == sorted(widths)

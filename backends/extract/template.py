@@ -102,16 +102,15 @@ class ChatTokenizer:
         texts = [r[0] for r in rendered if not isinstance(r, TemplateError)]
         empty: dict[str, list[Any]] = {"input_ids": [], "offset_mapping": []}
         encoded = self.tokenizer(texts, add_special_tokens=False, return_offsets_mapping=True) if texts else empty
+        encodings = zip(encoded["input_ids"], encoded["offset_mapping"], strict=True)  # one per text, in order
         results: list[TokenizedChat | TemplateError] = []
-        n = 0
         for r in rendered:
             if isinstance(r, TemplateError):
                 results.append(r)
                 continue
-            ids: list[int] = list(encoded["input_ids"][n])[:max_length]
-            offsets = np.asarray(encoded["offset_mapping"][n][:max_length], dtype=np.int64).reshape(-1, 2)
-            results.append(TokenizedChat(input_ids=ids, loss_mask=span_mask(offsets, r[1]).tolist()))
-            n += 1
+            ids, offsets = next(encodings)
+            cut = np.asarray(offsets[:max_length], dtype=np.int64).reshape(-1, 2)
+            results.append(TokenizedChat(input_ids=list(ids[:max_length]), loss_mask=span_mask(cut, r[1]).tolist()))
         return results
 
 

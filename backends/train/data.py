@@ -11,7 +11,7 @@ what it had consumed without loading it. Batches are right-padded.
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -92,10 +92,15 @@ class Batch:
         )
 
 
+def padded_length(lengths: Iterable[int], pad_multiple: int) -> int:
+    """The length a batch of samples of `lengths` is right-padded to: the longest, rounded up to `pad_multiple`."""
+    return -(-max(lengths) // pad_multiple) * pad_multiple
+
+
 def collate(samples: list[Sample], pad_multiple: int = 1, max_length: int | None = None) -> Batch:
     """Right-pad to the longest sample (rounded up to `pad_multiple`), truncating at `max_length`."""
     lengths = [min(len(s["input_ids"]), max_length or len(s["input_ids"])) for s in samples]
-    seq = -(-max(lengths) // pad_multiple) * pad_multiple
+    seq = padded_length(lengths, pad_multiple)
 
     def stacked(name: str) -> torch.Tensor:
         rows = [s[name][:n] for s, n in zip(samples, lengths, strict=True)]

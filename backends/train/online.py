@@ -38,7 +38,7 @@ from backends.eagle3_contract import MANIFEST, ContractError, Manifest
 from backends.extract import capture
 from backends.extract.cli import UsageError, choose_layers
 from backends.train.chats import DEFAULT_MAX_LENGTH, Chats, Samples
-from backends.train.data import GROUPED, RANDOM, Batch, Layout, Span, epoch_order, length_grouped
+from backends.train.data import GROUPED, RANDOM, Batch, Layout, Span, epoch_order, length_grouped, padded_length
 from backends.train.distributed import Dist
 from backends.train.errors import TrainError, TrainingFailed
 from backends.train.options import TrainOptions
@@ -187,20 +187,20 @@ class OnlineSource:
         `global_batch` at a time."""
         indices = [i for _, group in epoch_order([Span(0, 0, self.first_val)], epoch, seed) for i in group]
         if (order or self.order) == GROUPED:
-            return length_grouped(indices, self.samples.lengths(), global_batch, seed, epoch)
+            return length_grouped(indices, self.samples.lengths, global_batch, seed, epoch)
         return indices
 
     def padding_share(self, layout: Layout, seed: int, order: str | None = None) -> float:
         """The share of the tokens the target runs on that are padding, over the first epoch in `order`."""
-        lengths = self.samples.lengths()
+        lengths = self.samples.lengths
         indices = self.epoch_indices(layout.global_batch, 0, seed, order)
         indices = indices[: len(indices) - len(indices) % layout.global_batch]
         rows = layout.global_batch if self.placement == "tp" else layout.batch_size
         computed = sum(
-            rows * -(-max(lengths[i] for i in indices[start : start + rows]) // layout.pad_multiple)
+            rows * padded_length((lengths[i] for i in indices[start : start + rows]), layout.pad_multiple)
             for start in range(0, len(indices), rows)
         )
-        return 1 - sum(lengths[i] for i in indices) / (computed * layout.pad_multiple) if computed else 0.0
+        return 1 - sum(lengths[i] for i in indices) / computed if computed else 0.0
 
     def describe_order(self, layout: Layout, seed: int) -> str:
         """How the batches are drawn and what the target's forward spends on padding, for the run's log."""
@@ -223,7 +223,7 @@ class OnlineSource:
         """Every world-th held-out sample per process (as offline), shortest first: the metrics are sums over
         the samples, so their order changes only how much the target pads. A process one short adds a copy that
         counts no loss tokens, so that all run the target (and, under FSDP, the draft) as often."""
-        held = sorted(range(self.first_val, len(self.samples)), key=self.samples.lengths().__getitem__)
+        held = sorted(range(self.first_val, len(self.samples)), key=self.samples.lengths.__getitem__)
         share = -(-len(held) // layout.world)
         ranks = []
         for r in range(layout.world):
@@ -239,7 +239,7 @@ class OnlineSource:
         first = sum(len(r) for r in ranks[: layout.rank]) if self.placement == "tp" else 0
         pairs = [self.samples.get(i) for i, _ in rows]
         lengths = [len(ids) for ids, _ in pairs]
-        width = -(-max(lengths) // layout.pad_multiple) * layout.pad_multiple
+        width = padded_length(lengths, layout.pad_multiple)
         input_ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
         loss_mask = torch.zeros((len(rows), width), dtype=torch.bool)
         for n, ((ids, mask), (_, counts)) in enumerate(zip(pairs, rows, strict=True)):
