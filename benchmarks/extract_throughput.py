@@ -20,8 +20,8 @@ bf16 on CUDA, and measures, with synthetic chats:
    runs it, shards written to --dir by each --writers count: shards of 16
    full-length chats, and shards of --shard-size chats of mixed lengths
    (256..2048 tokens) in padded batches of at most 16 x 2048. Steady state:
-   the loop over writers + 2 shards, and over --shards more; the rate is the
-   extra shards' tokens over the extra time;
+   one loop over writers + 2 + --shards shards, the rate taken over the last
+   --shards of them, from one shard's file written (fsynced) to the last's;
 6. the same loop from text: --shard-size chats of the demo corpus's words
    (one token each to the demo tokenizer), tokenized with the demo target's
    chat template a shard ahead in a thread, as `python -m backends.extract`
@@ -32,13 +32,27 @@ Bytes per token: (1 + n_aux) * hidden * dtype size + 9 (input_ids int64,
 loss_mask int8). The disk bound is the best bandwidth of 3. over that; the
 loop's target is min(forward only, disk bound).
 
-Measured on the lent H200 (16 CPU cores, virtual disk /dev/vda, shards in /tmp):
-forward only 197k tokens/s, forward + copy to host 187k; disk 1.25 GB/s with
-1 thread, 1.89 with 4, 2.03 with 8; one shard by one thread 0.94 GB/s (fsync
-included; save_file + reading it back for the hash: 0.56 GB/s, no fsync);
-16,393 bytes/token, so a disk bound of 124k tokens/s; full loop 61k, 82k, 93k
-and 117k tokens/s with 1, 2, 4 and 8 writers (0.49, 0.66, 0.75, 0.95 of the
-bound; the loop before this benchmark's rewrite: 55k with 2 writers).
+Measured on the lent H200 (16 CPU cores, virtual disk /dev/vda, shards in /tmp),
+two runs on 2026-12-02 (--writers 4,8, then 8):
+
+    forward only, 16 x 2048                 198,652 / 199,214 tokens/s (0.42 of the FLOP bound)
+    forward + copy to host                  187,848 / 192,291
+    disk, fsync, 1 / 4 / 8 threads          1.25 / 1.84 / 1.79 and 1.06 / 1.81 / 1.72 GB/s
+    one shard, one thread, write_safetensors 0.96 / 0.89 GB/s (save_file + hash read back: 0.52 / 0.56)
+    bytes per token                         16,393, so a disk bound of 112k / 110k tokens/s
+    full loop, 16 x 2048, 8 writers         93,982 / 91,074 (0.84 / 0.83 of the bound)
+    full loop, mixed lengths, 8 writers     102,281 / 128,500 (0.91 / 1.17)
+    full loop from text, 8 writers          159,180 / 79,701 (1.42 / 0.72)
+    tokenizing, one thread                  1.30M / 1.05M tokens/s
+
+The first run timed the mixed and from-text loops over 4 shards, as the
+difference of two loops; the second over 8, by the shards' fsync times (the
+method above). The loops are disk-bound (the forward runs at 144k tokens/s on
+the mixed batches), and the virtual disk's rate moves between runs and within
+one: the loops wrote at 1.3 to 2.6 GB/s (tokens/s x bytes per token) where
+the disk test gave 1.7 to 1.8, so a loop's ratio to the bound swings with it.
+Earlier (2026-12-01): 61k, 82k, 93k and 117k tokens/s with 1, 2, 4 and 8
+writers; the loop before this benchmark's rewrite, 55k with 2 writers.
 
 FLOPs of one forward pass (extraction never runs the lm_head):
     2 * P * tokens + 4 * L * n_heads * head_dim * sum over samples of T(T+1)/2
@@ -176,22 +190,21 @@ def ready_jobs(samples: list[TokenizedChat]) -> Jobs:
 def steady_loop(
     capturer: HFCapturer, jobs: Jobs, shard_tokens: int, budget: int, folder: Path, writers: int, shards: int
 ) -> float:
-    """Tokens per second of run_pipeline in steady state: the loop run twice, over writers + 2 shards and over
-    `shards` more; the difference leaves out what both pay once (pinning the host blocks, the last writes)."""
+    """Tokens per second of run_pipeline in steady state: one loop over writers + 2 + `shards` shards, timed
+    from the (writers + 2)-th shard written to the last, by when each shard's file was fsynced. What the loop
+    pays once (pinning the host blocks, the first forward passes, the writers filling up) falls before that."""
+    written: list[float] = []
 
     def save(job: ShardJob, shard: HostShard | None) -> None:
         assert shard is not None
         path = folder / f"shard-{job.index:05d}.safetensors"
         write_safetensors(path, {name: [t] for name, t in shard.tensors.items()})
+        written.append(time.perf_counter())  # list.append is atomic: the writer threads share it
         path.unlink()
 
-    def seconds(count: int) -> float:
-        started = time.perf_counter()
-        run_pipeline(capturer, jobs(count), budget, save, lambda _: None, writers)
-        return time.perf_counter() - started
-
-    base = seconds(writers + 2)
-    return shards * shard_tokens / (seconds(writers + 2 + shards) - base)
+    run_pipeline(capturer, jobs(writers + 2 + shards), budget, save, lambda _: None, writers)
+    written.sort()
+    return shards * shard_tokens / (written[-1] - written[writers + 1])
 
 
 def write_rates(shard: HostShard, folder: Path, repeats: int) -> tuple[float, float]:
@@ -301,7 +314,7 @@ def main(argv: list[str] | None = None) -> int:
             w: steady_loop(capturer, ready_jobs(full), full_tokens, budget, folder, w, args.shards)
             for w in args.writers
         }
-        w_mixed, mixed_shards = DEFAULT_WRITERS, max(2, args.shards // 2)
+        w_mixed, mixed_shards = DEFAULT_WRITERS, args.shards
         loop_mixed = steady_loop(capturer, ready_jobs(mixed), sum(mixed_lengths), budget, folder, w_mixed, mixed_shards)
         chats = text_chats(args.shard_size, args.seq, rng)
         started = time.perf_counter()
@@ -357,6 +370,13 @@ def main(argv: list[str] | None = None) -> int:
         ),
     ]
     print_table(rows)
+    wrote = [*(f"{label}, {w} writer(s)" for w in loops), "mixed lengths", "from text"]
+    rates = [*loops.values(), loop_mixed, loop_tokenized]
+    print(
+        "the loops wrote at (GB/s; the disk test's best: "
+        f"{best_disk / 1e9:.2f}): "
+        + "; ".join(f"{n} {r * per_token / 1e9:.2f}" for n, r in zip(wrote, rates, strict=True))
+    )
     print(
         f"targets: forward only against the FLOP bound; the full loop against min(forward only, disk bound); "
         f"forward only on the mixed chats' padded batches: {mixed_forward_rate:,.0f} tokens/s; "

@@ -30,6 +30,14 @@ The trainer's rate on these batches is above `benchmarks.train_throughput`'s (34
 random target's argmax falls in the draft vocabulary about a quarter of the time (32,000 of 128,256 ids), so
 the loss reads fewer rows than with that benchmark's synthetic teacher (95%); not measured apart.
 
+The target's forward on chats of random lengths (--forward-only --min-length N, batch 8, padded to multiples of
+128, 48 timed batches after 4; 2026-12-02), chat tokens/s:
+| chats of | --batch-order grouped | random | ratio |
+| 128 to 2,048 tokens | 29,891 | 19,060 | 1.57 |
+| 1,024 to 2,048 | 30,793 | 24,923 | 1.24 |
+The whole online step on such chats is not measured: the compiled trainer compiles once per padded length
+(up to 16 here, about 50 s each), so a short benchmark times compilations.
+
 The day before (2026-12-01; 8 steps after 3), before the trainer's speed-ups and the hooks:
 | | compiled | without torch.compile |
 | target forward | 34,862 tokens/s | 34,889 |
@@ -113,6 +121,11 @@ def main() -> None:
         "--min-length", type=int, help="chats of random lengths from this to --seq (default: all of --seq tokens)"
     )
     parser.add_argument("--batch-order", choices=(GROUPED, RANDOM), default=GROUPED, help="as train --batch-order")
+    parser.add_argument(
+        "--forward-only",
+        action="store_true",
+        help="the target's forward alone (no trainer, nothing compiled): with --min-length, what --batch-order saves",
+    )
     args = parser.parse_args()
     if args.tiny:
         args.seq, args.batch_size = min(args.seq, 64), min(args.batch_size, 2)
@@ -140,7 +153,6 @@ def main() -> None:
     source = OnlineSource(manifest, samples, 1, pad_id=0, order=args.batch_order)
     source.attach(model, "replicate", ctx)
     layout = Layout(args.batch_size, pad_multiple=128 if ctx.device.type == "cuda" else 1)
-    trainer = make_trainer(cfg, args, compiled, ctx)
 
     def batches() -> Iterator[Batch]:
         epoch = 0
@@ -163,6 +175,15 @@ def main() -> None:
 
     stream = batches()
     forward = rate(lambda: next(stream), lambda _: None)
+    shape = "tiny" if args.tiny else "Llama-3.1-8B target + its EAGLE-3 draft"
+    lengths = "" if args.min_length is None else f" (chats of {args.min_length} to {args.seq}, {args.batch_order})"
+    if args.forward_only:
+        print(
+            f"{shape}, batch {args.batch_size} x {args.seq}{lengths}, {ctx.device}; target forward {forward:,.0f} "
+            f"chat tokens/s ({args.steps} timed batches after {args.warmup})"
+        )
+        return
+    trainer = make_trainer(cfg, args, compiled, ctx)
     ready = iter([next(stream) for _ in range(calls)])
     offline = rate(lambda: next(ready), trainer.train_step)
     if ctx.device.type == "cuda":
@@ -170,8 +191,6 @@ def main() -> None:
     online = rate(lambda: next(stream), trainer.train_step)
     peak = f"{torch.cuda.max_memory_allocated(ctx.device) / 2**30:.1f} GiB peak" if ctx.device.type == "cuda" else "CPU"
     both = 1 / (1 / forward + 1 / offline)
-    shape = "tiny" if args.tiny else "Llama-3.1-8B target + its EAGLE-3 draft"
-    lengths = "" if args.min_length is None else f" (chats of {args.min_length} to {args.seq}, {args.batch_order})"
     print(
         f"{shape}, batch {args.batch_size} x {args.seq}{lengths}, TTT {args.ttt}, "
         f"compile {'on' if compiled else 'off'}, {ctx.device}; {args.steps} timed steps after {args.warmup}"
