@@ -3,6 +3,7 @@ reload exactly, resume reproduces an uninterrupted run, and it refuses bad data.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -19,7 +20,8 @@ from backends.eagle3_contract import SGLANG_DRAFT_ARCHITECTURE, SGLANG_DRAFT_WEI
 from backends.train import checkpoint, distributed
 from backends.train.__main__ import main
 from backends.train.attention import eager_ttt_attention, flex_ttt_attention, ttt_block_mask
-from backends.train.loop import prepare
+from backends.train.data import Batch
+from backends.train.loop import describe, prepare
 from backends.train.loss import loss_rows, simulated_accept_length
 from backends.train.metrics import plateaued
 from backends.train.options import TrainOptions
@@ -513,6 +515,42 @@ def test_attention_choice_falls_back_to_eager_where_flex_cannot_run() -> None:
     assert resolve_attention("auto", cpu, 128) == "eager"
     with pytest.raises(TrainError, match="head_dim >= 16"):
         resolve_attention("flex", gpu, 8)
+
+
+def test_every_padded_length_stays_compiled_past_torchs_default_recompile_limit(
+    tiny: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each padded length compiles apart. Were the recompile limit a fixed number, a run whose batches
+    bring more lengths (--max-length 8192 pads to 64 lengths, times 7 TTT steps for flex alone) would run
+    the rest uncompiled, and eager flex attention runs out of memory on a long batch. Here the fixed
+    number is made 2 and the run's batches bring 5 lengths: all 5 must be compiled."""
+    import backends.train.trainer as trainer_module
+
+    graphs: list[int] = []
+
+    def counting(gm: torch.fx.GraphModule, example_inputs: list[torch.Tensor]) -> Any:
+        graphs.append(len(gm.graph.nodes))
+        return gm.forward
+
+    real_compile = torch.compile
+    monkeypatch.setattr(torch, "compile", lambda fn, **kw: real_compile(fn, **{**kw, "backend": counting}))
+    monkeypatch.setattr(trainer_module, "RECOMPILE_LIMIT", 2)
+    for limit in ("recompile_limit", "accumulated_recompile_limit"):  # restored after the test
+        monkeypatch.setattr(torch._dynamo.config, limit, getattr(torch._dynamo.config, limit))
+    torch._dynamo.reset()
+    options = TrainOptions(
+        data=tiny["data"], target=tiny["target"], out=tmp_path, steps=4, val_samples=4, batch_size=8, compile=True
+    )
+    run = prepare(options, distributed.init())
+    assert run.trainer.padded_lengths == read_manifest(tiny["data"]).max_length  # pad multiple 1 on the CPU
+    assert "once for each padded length the batches bring" in describe(run)
+    batch = next(iter(run.source.train_batches(run.layout, 0, 0, 0)))
+    seq = batch.input_ids.shape[1]
+    lengths = [seq - 2 * i for i in range(5)]
+    for length in lengths:
+        short = Batch(*(getattr(batch, f.name)[:, :length] for f in dataclasses.fields(Batch)))
+        run.trainer.train_step(short)
+    assert len(graphs) == len(lengths), f"compiled {len(graphs)} of {len(lengths)} lengths"
 
 
 def test_one_compiled_graph_serves_batches_that_skip_different_rows(

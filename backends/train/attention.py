@@ -43,7 +43,7 @@ def eager_ttt_attention(q: torch.Tensor, keys: list[torch.Tensor], values: list[
     return out
 
 
-@functools.lru_cache(maxsize=64)
+@functools.cache  # one per (padded length, step): bounded by the run's lengths
 def ttt_block_mask(seq_len: int, step: int, device: str) -> BlockMask:
     """The mask of step `step` over the keys of steps 0..step concatenated (length (step+1)*seq_len)."""
 

@@ -69,8 +69,18 @@ class Run:
 
     @property
     def layout(self) -> Layout:
-        pad = self.options.pad_multiple or (GPU_PAD_MULTIPLE if self.ctx.device.type == "cuda" else 1)
+        pad = pad_multiple(self.options, self.ctx)
         return Layout(self.options.batch_size, self.ctx.world, self.ctx.rank, pad, self.options.max_length)
+
+
+def pad_multiple(options: TrainOptions, ctx: distributed.Dist) -> int:
+    return options.pad_multiple or (GPU_PAD_MULTIPLE if ctx.device.type == "cuda" else 1)
+
+
+def padded_lengths(options: TrainOptions, manifest: Manifest, ctx: distributed.Dist) -> int:
+    """How many lengths a batch can be padded to: multiples of the pad up to the longest sample."""
+    longest = min(options.max_length or manifest.max_length, manifest.max_length)
+    return -(-longest // pad_multiple(options, ctx))
 
 
 def held_out(options: TrainOptions, total_samples: int) -> int:
@@ -138,7 +148,8 @@ def prepare(options: TrainOptions, ctx: distributed.Dist) -> Run:
     trainable = sum(p.numel() for p in draft.parameters() if p.requires_grad)
     fsdp = distributed.use_fsdp(options.fsdp, ctx.world, trainable)
     teacher = Teacher(lm_head.to(ctx.device, compute_dtype), vocab.draft_ids, vocab.t2d)
-    trainer = Trainer(draft, teacher, ctx, options, total_steps, fsdp=fsdp)
+    lengths = padded_lengths(options, manifest, ctx)
+    trainer = Trainer(draft, teacher, ctx, options, total_steps, fsdp=fsdp, padded_lengths=lengths)
     trainer.manifest = manifest
     if latest is not None:
         state = checkpoint.load_training_state(latest)
@@ -187,8 +198,17 @@ def describe(run: Run) -> str:
         f"draft vocab {cfg.draft_vocab_size}{seen}, "
         f"{trainable:,} trainable parameters; {t.total_steps} steps x batch {o.batch_size} x "
         f"{run.ctx.world} process(es){accumulated} on {run.ctx.device}, TTT {o.ttt}, attention {t.attention}, "
-        f"compile {'on' if t.compiled else 'off'}{run.threads}; {start}"
+        f"compile {compiling(t)}{run.threads}; {start}"
     )
+
+
+def compiling(trainer: Trainer) -> str:
+    """Whether the step is compiled; the first batch of each padded length waits for its compilation."""
+    if not trainer.compiled:
+        return "off"
+    if trainer.padded_lengths == 1:
+        return "on"
+    return f"on, once for each padded length the batches bring (up to {trainer.padded_lengths})"
 
 
 class Logger:

@@ -29,8 +29,17 @@ from backends.train.target import Teacher, TeacherRows
 from backends.train.vocab import VocabMap
 
 ADAM_BETAS = (0.9, 0.95)
-# Without --compile, flex attention alone is compiled, once per (padded length, TTT step).
+# torch's recompile limits, raised to cover every shape a run compiles (compile_limits).
 RECOMPILE_LIMIT = 256
+
+
+def compile_limits(padded_lengths: int, ttt: int) -> tuple[int, int]:
+    """(per function, in all) how many compilations a run can make: one per padded length of the whole
+    step with --compile, or of flex attention alone without, once per (length, TTT step), and flex again for
+    evaluation, which runs without gradients. Past torch's limits the rest would run uncompiled, and eager
+    flex materialises every score [B, heads, T, (k+1)T]: a long batch would run out of memory."""
+    shapes = 2 * padded_lengths * ttt
+    return max(RECOMPILE_LIMIT, shapes), max(RECOMPILE_LIMIT, 2 * shapes)
 
 
 @dataclass
@@ -105,7 +114,9 @@ class Trainer:
         options: TrainOptions,
         total_steps: int,
         fsdp: bool = False,
+        padded_lengths: int = 1,
     ) -> None:
+        """`padded_lengths`: how many lengths the run's batches can be padded to (each compiles apart)."""
         self.ctx = ctx
         self.options = options
         self.total_steps = total_steps
@@ -115,6 +126,7 @@ class Trainer:
         self.compute_dtype = torch.bfloat16 if self.cuda else torch.float32
         self.attention = resolve_attention(options.attention, ctx.device, draft.config.head_dim)
         self.compiled = self.cuda if options.compile is None else options.compile
+        self.padded_lengths = padded_lengths
         self.draft = draft.to(ctx.device)
         self.model = distributed.wrap(self.draft, ctx, fsdp, self.compute_dtype)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
@@ -130,7 +142,8 @@ class Trainer:
         self.manifest: Manifest | None = None
         self.forward: Callable[..., torch.Tensor] = self._forward
         if self.cuda or self.compiled:
-            torch._dynamo.config.recompile_limit = RECOMPILE_LIMIT
+            limits = compile_limits(padded_lengths, options.ttt)
+            torch._dynamo.config.recompile_limit, torch._dynamo.config.accumulated_recompile_limit = limits
         if self.compiled:
             # The draft's layers only (the loss has its own kernel); the rows computed change with every
             # batch (step_rows), the batch's shape only with its padded length.
