@@ -21,7 +21,7 @@ from backends.train import checkpoint, distributed
 from backends.train.__main__ import main
 from backends.train.attention import eager_ttt_attention, flex_ttt_attention, ttt_block_mask
 from backends.train.data import Batch
-from backends.train.loop import describe, prepare
+from backends.train.loop import Run, describe, prepare
 from backends.train.loss import loss_rows, simulated_accept_length
 from backends.train.metrics import plateaued
 from backends.train.options import TrainOptions
@@ -517,6 +517,28 @@ def test_attention_choice_falls_back_to_eager_where_flex_cannot_run() -> None:
         resolve_attention("flex", gpu, 8)
 
 
+def counted_compilations(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """From now on torch.compile only traces; each graph it traces is counted in the list returned."""
+    graphs: list[int] = []
+
+    def counting(gm: torch.fx.GraphModule, example_inputs: list[torch.Tensor]) -> Any:
+        graphs.append(len(gm.graph.nodes))
+        return gm.forward
+
+    real_compile = torch.compile
+    monkeypatch.setattr(torch, "compile", lambda fn, **kw: real_compile(fn, **{**kw, "backend": counting}))
+    torch._dynamo.reset()
+    return graphs
+
+
+def compiled_run(tiny: dict[str, Path], out: Path) -> tuple[Run, Batch]:
+    options = TrainOptions(
+        data=tiny["data"], target=tiny["target"], out=out, steps=4, val_samples=4, batch_size=8, compile=True
+    )
+    run = prepare(options, distributed.init())
+    return run, next(iter(run.source.train_batches(run.layout, 0, 0, 0)))
+
+
 def test_every_padded_length_stays_compiled_past_torchs_default_recompile_limit(
     tiny: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -526,25 +548,13 @@ def test_every_padded_length_stays_compiled_past_torchs_default_recompile_limit(
     number is made 2 and the run's batches bring 5 lengths: all 5 must be compiled."""
     import backends.train.trainer as trainer_module
 
-    graphs: list[int] = []
-
-    def counting(gm: torch.fx.GraphModule, example_inputs: list[torch.Tensor]) -> Any:
-        graphs.append(len(gm.graph.nodes))
-        return gm.forward
-
-    real_compile = torch.compile
-    monkeypatch.setattr(torch, "compile", lambda fn, **kw: real_compile(fn, **{**kw, "backend": counting}))
+    graphs = counted_compilations(monkeypatch)
     monkeypatch.setattr(trainer_module, "RECOMPILE_LIMIT", 2)
     for limit in ("recompile_limit", "accumulated_recompile_limit"):  # restored after the test
         monkeypatch.setattr(torch._dynamo.config, limit, getattr(torch._dynamo.config, limit))
-    torch._dynamo.reset()
-    options = TrainOptions(
-        data=tiny["data"], target=tiny["target"], out=tmp_path, steps=4, val_samples=4, batch_size=8, compile=True
-    )
-    run = prepare(options, distributed.init())
+    run, batch = compiled_run(tiny, tmp_path)
     assert run.trainer.padded_lengths == read_manifest(tiny["data"]).max_length  # pad multiple 1 on the CPU
     assert "once for each padded length the batches bring" in describe(run)
-    batch = next(iter(run.source.train_batches(run.layout, 0, 0, 0)))
     seq = batch.input_ids.shape[1]
     lengths = [seq - 2 * i for i in range(5)]
     for length in lengths:
@@ -558,25 +568,13 @@ def test_one_compiled_graph_serves_batches_that_skip_different_rows(
 ) -> None:
     """Each batch computes its own rows (step_rows): were their counts baked into the compiled graph,
     every batch would compile again, and past torch's recompile limit train uncompiled."""
-    graphs: list[int] = []
-
-    def counting(gm: torch.fx.GraphModule, example_inputs: list[torch.Tensor]) -> Any:
-        graphs.append(len(gm.graph.nodes))
-        return gm.forward
-
-    real_compile = torch.compile
-    monkeypatch.setattr(torch, "compile", lambda fn, **kw: real_compile(fn, **{**kw, "backend": counting}))
-    torch._dynamo.reset()
-    options = TrainOptions(
-        data=tiny["data"], target=tiny["target"], out=tmp_path, steps=4, val_samples=4, batch_size=8, compile=True
-    )
-    run = prepare(options, distributed.init())
-    batch = next(iter(run.source.train_batches(run.layout, 0, 0, 0)))
+    graphs = counted_compilations(monkeypatch)
+    run, batch = compiled_run(tiny, tmp_path)
     computed = []
     for prompt in (10, 14, 18, 22):
         batch.loss_mask[:, :prompt] = False
         teacher = run.trainer.teacher.rows(batch.hidden_state, batch.loss_mask)
-        computed.append(sum(len(r) for r in loss_rows(batch.loss_mask, teacher, options.ttt).plan.rows))
+        computed.append(sum(len(r) for r in loss_rows(batch.loss_mask, teacher, run.options.ttt).plan.rows))
         run.trainer.train_step(batch)
     assert len(set(computed)) == 4, "each batch should skip a different number of rows"
     assert len(graphs) == 1
