@@ -35,8 +35,12 @@ The target's forward on chats of random lengths (--forward-only --min-length N, 
 | chats of | --batch-order grouped | random | ratio |
 | 128 to 2,048 tokens | 29,891 | 19,060 | 1.57 |
 | 1,024 to 2,048 | 30,793 | 24,923 | 1.24 |
-The whole online step on such chats is not measured: the compiled trainer compiles once per padded length
-(up to 16 here, about 50 s each), so a short benchmark times compilations.
+With --min-length, the trainer steps through every padded length first (each compiles apart) and says how long
+that took, so that no timed step waits for a compilation. On the H200 (2026-12-02, --min-length 1536, grouped):
+5 padded lengths in 330 s, 66 s each, so chats of 128 to 2,048 tokens would compile for about 18 minutes before
+the first timed step. The timed steps of that run did not finish within the 140 s of device time left. Most
+likely they compiled again: the warm-up batches below 2,048 were slices of a longer batch, not contiguous, and a
+compiled step guards on its inputs' strides (Batch.prefix now returns contiguous tensors).
 
 The day before (2026-12-01; 8 steps after 3), before the trainer's speed-ups and the hooks:
 | | compiled | without torch.compile |
@@ -50,6 +54,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -58,10 +63,10 @@ import torch
 from backends.eagle3_contract import Manifest
 from backends.train import distributed
 from backends.train.chats import Samples
-from backends.train.data import GROUP_BATCHES, GROUPED, RANDOM, Batch, Layout
+from backends.train.data import GROUP_BATCHES, GROUPED, RANDOM, Batch, Layout, padded_length
 from backends.train.online import OnlineSource
 from benchmarks._common import print_table
-from benchmarks._device_timing import timed_calls
+from benchmarks._device_timing import synchronize, timed_calls
 from benchmarks.train_throughput import LLAMA_31_8B, TINY, make_trainer
 
 
@@ -184,6 +189,18 @@ def main() -> None:
         )
         return
     trainer = make_trainer(cfg, args, compiled, ctx)
+    if args.min_length is not None:
+        # Each padded length compiles apart: all of them first, so that no timed step waits for a compilation.
+        pad = layout.pad_multiple
+        widths = range(padded_length([args.min_length], pad), args.seq + 1, pad)
+        longest = next(b for b in stream if b.input_ids.shape[1] == args.seq)
+        started = time.perf_counter()
+        for width in widths:
+            trainer.train_step(longest.prefix(width))
+        synchronize(ctx.device)
+        seconds = time.perf_counter() - started
+        each = seconds / len(widths)
+        print(f"{len(widths)} padded lengths stepped through first: {seconds:.0f} s ({each:.1f} s each)")
     ready = iter([next(stream) for _ in range(calls)])
     offline = rate(lambda: next(ready), trainer.train_step)
     if ctx.device.type == "cuda":

@@ -13,7 +13,7 @@ from __future__ import annotations
 import random
 from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 import torch
@@ -80,6 +80,11 @@ class Batch:
     @property
     def tokens(self) -> int:
         return int(self.attention_mask.sum())
+
+    def prefix(self, length: int) -> Batch:
+        """The batch's first `length` positions, contiguous as a collated batch is (a compiled step guards on
+        its inputs' strides)."""
+        return Batch(*(getattr(self, field.name)[:, :length].contiguous() for field in fields(self)))
 
     def to(self, device: torch.device, dtype: torch.dtype) -> Batch:
         """On `device`, with the hidden states in the compute dtype."""
