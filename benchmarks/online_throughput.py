@@ -54,7 +54,6 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -66,7 +65,7 @@ from backends.train.chats import Samples
 from backends.train.data import GROUP_BATCHES, GROUPED, RANDOM, Batch, Layout, padded_length
 from backends.train.online import OnlineSource
 from benchmarks._common import print_table
-from benchmarks._device_timing import synchronize, timed_calls
+from benchmarks._device_timing import timed_calls
 from benchmarks.train_throughput import LLAMA_31_8B, TINY, make_trainer
 
 
@@ -194,13 +193,9 @@ def main() -> None:
         pad = layout.pad_multiple
         widths = range(padded_length([args.min_length], pad), args.seq + 1, pad)
         longest = next(b for b in stream if b.input_ids.shape[1] == args.seq)
-        started = time.perf_counter()
-        for width in widths:
-            trainer.train_step(longest.prefix(width))
-        synchronize(ctx.device)
-        seconds = time.perf_counter() - started
-        each = seconds / len(widths)
-        print(f"{len(widths)} padded lengths stepped through first: {seconds:.0f} s ({each:.1f} s each)")
+        cuts = iter(widths)
+        each = timed_calls(lambda: trainer.train_step(longest.prefix(next(cuts))), 0, len(widths), ctx.device).call_s
+        print(f"{len(widths)} padded lengths stepped through first: {each * len(widths):.0f} s ({each:.1f} s each)")
     ready = iter([next(stream) for _ in range(calls)])
     offline = rate(lambda: next(ready), trainer.train_step)
     if ctx.device.type == "cuda":

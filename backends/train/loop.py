@@ -19,7 +19,16 @@ from backends.host import cpus
 from backends.protocol import Metric, MetricRow
 from backends.train import chats, checkpoint, distributed, online
 from backends.train.config import DraftConfig, check_draft, check_target
-from backends.train.data import GROUPED, RANDOM, Batch, Layout, ShardReader, default_val_samples, split_samples
+from backends.train.data import (
+    GROUPED,
+    RANDOM,
+    Batch,
+    Layout,
+    ShardReader,
+    default_val_samples,
+    padded_length,
+    split_samples,
+)
 from backends.train.errors import TrainError, TrainingFailed
 from backends.train.metrics import MetricsWriter, eval_line, plateaued, train_line
 from backends.train.model import Eagle3Draft
@@ -31,7 +40,7 @@ from backends.train.vocab import VocabMap, build_vocab_map, token_frequencies
 
 # On GPU, sequence lengths are padded to the flex-attention block size, which
 # also bounds how many shapes torch.compile sees: each padded length compiles
-# once (about 40 s for an 8B-shaped draft on an H200). --pad-multiple trades
+# once (about a minute for an 8B-shaped draft on an H200). --pad-multiple trades
 # padding for fewer compilations.
 GPU_PAD_MULTIPLE = 128
 
@@ -80,7 +89,8 @@ def pad_multiple(options: TrainOptions, ctx: distributed.Dist) -> int:
 def padded_lengths(options: TrainOptions, manifest: Manifest, ctx: distributed.Dist) -> int:
     """How many lengths a batch can be padded to: multiples of the pad up to the longest sample."""
     longest = min(options.max_length or manifest.max_length, manifest.max_length)
-    return -(-longest // pad_multiple(options, ctx))
+    pad = pad_multiple(options, ctx)
+    return padded_length([longest], pad) // pad
 
 
 def held_out(options: TrainOptions, total_samples: int) -> int:
