@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from backends.eagle3_contract import Manifest, sglang_draft_config
-from backends.safetensors_header import DTYPE_BYTES
+from backends.safetensors_header import DTYPE_BYTES, INDEX_FILE
 
 HIDDEN = 64
 HEADS = 4
@@ -195,6 +195,22 @@ def speculators_draft(folder: Path, **config_changes: Any) -> Path:
     return folder
 
 
+def torch_state(spec: DraftSpec) -> dict[str, Any]:
+    """The spec's tensors as torch tensors, for a `.bin` checkpoint."""
+    import torch
+
+    state = {}
+    for name, (dtype, shape, data) in spec.tensors().items():
+        if dtype == "I64":
+            assert data is not None
+            state[name] = torch.tensor(array.array("q", data).tolist(), dtype=torch.int64)
+        elif dtype == "BOOL":
+            state[name] = torch.zeros(shape, dtype=torch.bool)
+        else:
+            state[name] = torch.randn(shape, generator=torch.Generator().manual_seed(len(name))).to(torch.bfloat16)
+    return state
+
+
 def eagle_bin_draft(folder: Path) -> Path:
     """An original-EAGLE draft: pytorch_model.bin and a LlamaForCausalLM config without aux ids."""
     import torch
@@ -205,16 +221,47 @@ def eagle_bin_draft(folder: Path) -> Path:
     config["architectures"] = ["LlamaForCausalLM"]
     del config["target_hidden_size"]
     (folder / "config.json").write_text(json.dumps(config, indent=2))
-    state = {}
-    for name, (dtype, shape, data) in spec.tensors().items():
-        if dtype == "I64":
-            assert data is not None
-            state[name] = torch.tensor(array.array("q", data).tolist(), dtype=torch.int64)
-        elif dtype == "BOOL":
-            state[name] = torch.zeros(shape, dtype=torch.bool)
-        else:
-            state[name] = torch.randn(shape, generator=torch.Generator().manual_seed(len(name))).to(torch.bfloat16)
-    torch.save(state, folder / "pytorch_model.bin")
+    torch.save(torch_state(spec), folder / "pytorch_model.bin")
+    return folder
+
+
+# --- draft folders laid out as people leave them: shards, indexes, leftovers ----------------------------------
+
+
+def shard_name(i: int, shards: int) -> str:
+    return f"model-{i + 1:05d}-of-{shards:05d}.safetensors"
+
+
+def sharded_draft(folder: Path, spec: DraftSpec | None = None, *, shards: int = 2, index: bool = True) -> Path:
+    """The spec's draft split over `shards` safetensors files, with model.safetensors.index.json unless told not."""
+    spec = spec or DraftSpec()
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(spec.config(), indent=2))
+    items = list(spec.tensors().items())
+    weight_map: dict[str, str] = {}
+    for i in range(shards):
+        part = dict(items[i::shards])
+        (folder / shard_name(i, shards)).write_bytes(safetensors_bytes(part, {"format": "pt"}))
+        weight_map |= dict.fromkeys(part, shard_name(i, shards))
+    if index:
+        (folder / INDEX_FILE).write_text(json.dumps({"metadata": {"total_size": 0}, "weight_map": weight_map}))
+    return folder
+
+
+def stale_single_file(folder: Path, spec: DraftSpec | None = None) -> Path:
+    """A complete model.safetensors left beside shards (an older save, a half-finished re-shard)."""
+    (folder / "model.safetensors").write_bytes(safetensors_bytes((spec or DraftSpec()).tensors(), {"format": "pt"}))
+    return folder
+
+
+def bin_draft(folder: Path, spec: DraftSpec | None = None) -> Path:
+    """The spec's SGLang-layout draft (LlamaForCausalLMEagle3, midlayer.*) saved as pytorch_model.bin only."""
+    import torch
+
+    spec = spec or DraftSpec()
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(spec.config(), indent=2))
+    torch.save(torch_state(spec), folder / "pytorch_model.bin")
     return folder
 
 

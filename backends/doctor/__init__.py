@@ -12,7 +12,8 @@ lives in `backends.sglang.facts`; `dryload` is the exact check with the real loa
     python -m backends.doctor DRAFT [--target DIR] [--data DIR] [--sglang-version V]
                              [--context-length N] [--json] [--dry-load] [--sglang-python PATH]
 
-Modules: `codes` (the finding codes), `reading` (the draft, target and manifest
+Modules: `codes` (the finding codes), `weight_files` (which files of a draft
+folder SGLang loads, and the leftovers), `reading` (the draft, target and manifest
 files), `layer_names` and `config_values` (spellings and typed values of what
 was read), `draft_config` (the config as SGLang sees it), `rule_context` (what
 the rules see), the rules by concept (`config_rules`, `shape_rules`,

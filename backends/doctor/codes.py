@@ -14,6 +14,9 @@ CODES: Mapping[str, str] = {
     "config-unreadable": "a config.json is not a JSON object",
     "config-invalid": "a draft config field SGLang needs is missing or not a valid value",
     "weights-unreadable": "the weights file is truncated, corrupt, or its header lies about the data",
+    "weights-leftover": "weight files in the draft folder that SGLang's loader never opens (not in the index, "
+    "or .bin beside .safetensors)",
+    "weights-duplicated": "a tensor is in more than one of the files SGLang loads",
     "sglang-version": "which SGLang release(s) the draft was checked against",
     "architecture": "config `architectures` is not an EAGLE-3 draft class this SGLang release knows",
     "model-type": "config `model_type` is one transformers cannot load as the draft's config class",

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from backends.doctor.diagnosis import diagnose
-from backends.doctor.reading import DraftFiles, read_draft
+from backends.doctor.reading import DraftFiles, load_state, read_draft
 from backends.doctor.report import format_result
 from backends.eagle3_contract import speculators_to_ours
 from backends.protocol import DoctorResult
@@ -59,8 +59,9 @@ def convert(src: Path, dst: Path, to: str = "sglang") -> DoctorResult:
         raise ConvertError(f"unknown target layout {to!r}; known: {', '.join(TARGETS)}")
     _check_paths(src, dst)
     files, problems = read_draft(src)
-    if files is None:
-        raise ConvertError(problems[0]["message"] if problems else f"{src} is not a draft")
+    errors = [p["message"] for p in problems if p["severity"] == "error"]
+    if files is None or errors:
+        raise ConvertError(errors[0] if errors else f"{src} is not a draft")
     config = sglang_config(files)
     tensors = _renamed_tensors(files)
     _write_atomically(dst, config, tensors)
@@ -179,18 +180,16 @@ def sglang_name(name: str) -> str:
 
 
 def _renamed_tensors(files: DraftFiles) -> dict[str, torch.Tensor]:
-    import torch
 
-    if files.weights == "bin":
-        state = torch.load(files.root / "pytorch_model.bin", map_location="cpu", mmap=True, weights_only=True)
-        if len(state) == 1 and isinstance(next(iter(state.values())), dict):
-            state = next(iter(state.values()))
-        loaded: dict[str, torch.Tensor] = dict(state)
+    # The files SGLang would load, in its order (a later copy of a name wins, as it does there); leftovers never.
+    loaded: dict[str, torch.Tensor] = {}
+    if files.weights != "safetensors":
+        for file in files.loaded.files:
+            loaded.update(load_state(file))
     else:
         from safetensors.torch import load_file
 
-        loaded = {}
-        for file in sorted({f for f in files.root.glob("*.safetensors")}):
+        for file in files.loaded.files:
             loaded.update(load_file(str(file)))
     renamed: dict[str, torch.Tensor] = {}
     seen_storage: set[int] = set()

@@ -69,7 +69,7 @@ def _diagnose(
         finding(
             "draft-format",
             "warning" if files.format == "unknown" else "info",
-            f"{_FORMAT_NAMES[files.format]}: {len(files.tensors)} tensors in {files.weights}"
+            f"{_FORMAT_NAMES[files.format]}: {len(files.tensors)} tensors in {files.loaded.describe()}"
             + (f", decoder layer named {' and '.join(spellings)}" if spellings else ", no decoder layer tensors"),
             convert_fix(files.root) if files.format in ("speculators", "eagle-bin") else None,
         )

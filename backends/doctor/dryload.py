@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 from backends import PACKAGE_ROOT
 from backends.doctor.codes import finding
 from backends.doctor.reading import DraftFiles, read_draft
+from backends.doctor.weight_files import WeightFilesError, weight_files
 from backends.protocol import Finding, Severity
 from backends.sglang import facts
 
@@ -51,10 +52,13 @@ TIMEOUT_S = 600.0
 
 
 def estimate_seconds(draft: Path) -> float:
-    """A rough duration of `dry_load`, for a caller that runs it only when quick enough."""
-    root = draft.parent if draft.is_file() else draft
-    size = sum(p.stat().st_size for p in root.glob("*") if p.suffix in (".safetensors", ".bin"))
-    return STARTUP_S + size / READ_BYTES_PER_S
+    """A rough duration of `dry_load` (the files SGLang would load), for a caller that runs it only when quick
+    enough."""
+    try:
+        files = weight_files(draft).files
+    except WeightFilesError:
+        return STARTUP_S  # it stops at reading the files, as the static rules do
+    return STARTUP_S + sum(p.stat().st_size for p in files) / READ_BYTES_PER_S
 
 
 def skipped(severity: Severity, why: str) -> Finding:
@@ -121,6 +125,7 @@ def audit_load(model: Any, tensors: Iterable[tuple[str, torch.Tensor]]) -> LoadA
     audit = LoadAudit()
     before = _probe(params)
     hot = getattr(model, "hot_token_id", None)
+    fed: set[str] = set()
     for name, tensor in tensors:
         try:
             model.load_weights([(name, tensor)])
@@ -129,10 +134,12 @@ def audit_load(model: Any, tensors: Iterable[tuple[str, torch.Tensor]]) -> LoadA
             continue
         after = _probe(params)
         new_hot = getattr(model, "hot_token_id", None)
-        # t2d is ignored by design; everything else must land somewhere.
-        if after == before and new_hot is hot and facts.IGNORED_MARK not in name:
+        # t2d is ignored by design; everything else must land somewhere. A second copy of a name (in two loaded
+        # files) overwrites what the first wrote, which the NaN probe cannot see: the first copy was judged.
+        if after == before and new_hot is hot and facts.IGNORED_MARK not in name and name not in fed:
             audit.unconsumed.append(name)
         before, hot = after, new_hot
+        fed.add(name)
     for name, p in params.items():
         left = int(torch.isnan(p.detach()).count_nonzero())
         if left:
@@ -213,16 +220,16 @@ def findings_of(audit: LoadAudit, files: DraftFiles, config: Any, version: str |
 
 
 def _iter_tensors(files: DraftFiles) -> Iterator[tuple[str, torch.Tensor]]:
-    """The checkpoint as SGLang's default loader yields it: name, tensor, file by file."""
-    import torch
+    """The checkpoint as SGLang's default loader yields it: name, tensor, file by file, of the files it picks."""
+    if files.weights != "safetensors":
+        import torch
 
-    if files.weights == "bin":
-        state = torch.load(files.root / "pytorch_model.bin", map_location="cpu", mmap=True, weights_only=True)
-        yield from state.items()
+        for file in files.loaded.files:  # as SGLang's pt_weights_iterator: every entry as torch.load gives it
+            yield from torch.load(file, map_location="cpu", mmap=True, weights_only=True).items()
         return
     from safetensors import safe_open
 
-    for file in sorted(files.root.glob("*.safetensors")):
+    for file in files.loaded.files:
         with safe_open(str(file), framework="pt") as fh:
             for name in fh.keys():  # noqa: SIM118 (safe_open has no __iter__)
                 yield name, fh.get_tensor(name)
@@ -335,7 +342,8 @@ def run_in_process(draft: Path) -> list[Finding]:
     except Exception as exc:
         msg = f"{release} could not build the draft class for config.json: {type(exc).__name__}: {exc}"
         return [finding("dry-load-failed", "error", msg, "fix config.json (see doctor's other findings)")]
-    return findings_of(audit_load(model, _iter_tensors(files)), files, config, facts.installed_version())
+    # The reader's findings on the file set (leftovers, duplicates) come along: this verdict stands alone.
+    return problems + findings_of(audit_load(model, _iter_tensors(files)), files, config, facts.installed_version())
 
 
 def main(argv: list[str] | None = None) -> int:
