@@ -79,7 +79,7 @@ def weight_files(draft: Path) -> WeightFiles:
             break
     index: Path | None = None
     if not found:
-        raise WeightFilesError(f"{root} has no .safetensors, .bin or .pt weights")
+        raise WeightFilesError(f"{root} has no .safetensors, .bin or .pt weights (SGLang would fail to start)")
     if kind == "safetensors":
         if (root / INDEX_FILE).is_file():
             index = root / INDEX_FILE
@@ -98,7 +98,11 @@ def weight_files(draft: Path) -> WeightFiles:
     else:
         chosen = [f for f in found if not f.endswith(NOT_WEIGHTS)]
     if not chosen:
-        raise WeightFilesError(f"{root} has no weights SGLang loads (only {', '.join(sorted(found))})")
+        skipped = ", ".join(sorted(os.path.basename(f) for f in found))
+        raise WeightFilesError(
+            f"{root} has no weights SGLang loads: only {skipped}, which it skips as training files "
+            "(SGLang would fail to start)"
+        )
     loaded = set(chosen)
     beside = {f for p in PATTERNS[:2] for f in _glob(root, p)} - loaded
     leftovers = sorted(f for f in beside if not f.endswith(NOT_WEIGHTS) and os.path.isfile(f))
