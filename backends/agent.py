@@ -377,8 +377,8 @@ class Agent:
         spec = self.store.get(run).trusted_spec()
         if spec.kind in ("train", "extract"):  # a serving engine's flags mean nothing to our stages
             return {"version": None, "presets": []}
-        engine = serving.engine_for(spec.argv) or serving.DEFAULT
-        return await asyncio.to_thread(engine.relaunch_presets, spec.argv, spec.env, spec.cwd)
+        engine, found = serving.serve_launch(spec.argv, spec.env, spec.sglang_python)
+        return await asyncio.to_thread(engine.relaunch_presets, found, spec.env, spec.cwd)
 
     async def op_preflight(self, kind: str, argv: list[Any], cwd: str | None, env: dict[str, Any]) -> PreflightResult:
         if not all(isinstance(a, str) for a in argv):

@@ -530,6 +530,8 @@ OPS: dict[str, _ArgSpec] = {
         "cwd": (_OPT_STR, False, None),
         "gpus": (_LIST, False, []),
         "health_url": (_OPT_STR, False, None),
+        "metrics_url": (_OPT_STR, False, None),
+        "sglang_python": (_OPT_STR, False, None),  # a serve run's: the host Python whose SGLang checks it
         "stall_after": (_OPT_NUM, False, None),
         "module": (_OPT_STR, False, None),
         "python": (_OPT_STR, False, None),

@@ -15,6 +15,10 @@ from typing import Protocol
 from backends.argv_edit import flag_value
 from backends.protocol import Diagnosis, Finding, RelaunchPresetsResult, ServeNode
 from backends.sglang.engine import SGLANG
+from backends.sglang.launch import ServerLaunch
+
+# What a command line launches (its shape, flags, interpreter, container): one reader's result for every engine.
+Launch = ServerLaunch
 
 
 class OutputEvent(Protocol):
@@ -73,8 +77,13 @@ class ServingEngine(Protocol):
     context_length_flag: str
     fallback_presets: tuple[str, ...]  # relaunch flags offered when the host cannot say which release it serves
 
-    def interpreter(self, argv: list[str]) -> str | None:
-        """The Python that runs the server, when argv launches this engine's server with one."""
+    def launch(
+        self, argv: Sequence[str], env: Mapping[str, str] | None = None, sglang_python: str | None = None
+    ) -> Launch | None:
+        """What argv launches when it starts this engine's server, however it is spelled; None otherwise."""
+
+    def wrapper(self, argv: Sequence[str], sglang_python: str | None) -> Launch:
+        """A serve command in none of the shapes the engine reads: its flags are not visible."""
 
     def serve_command(
         self,
@@ -91,21 +100,21 @@ class ServingEngine(Protocol):
         """The server command for a target and its EAGLE-3 draft, its own metrics endpoint on unless `metrics` is
         False; one node of the engine's own multi-node with `node`; `extra` flags come last and win."""
 
-    def health_url(self, argv: list[str]) -> str | None:
-        """The URL that answers 200 once the server serves; None when argv starts no server of this engine."""
+    def health_url(self, found: Launch) -> str | None:
+        """The URL that answers 200 once the server serves, as the host reaches it; None when it cannot be known."""
 
-    def check_flags(self, argv: list[str], env: Mapping[str, str] | None, cwd: str | None) -> Finding | None:
+    def check_flags(self, found: Launch, env: Mapping[str, str] | None, cwd: str | None) -> Finding | None:
         """The engine's own verdict on the command's flags, asked of the interpreter that will serve."""
 
     def relaunch_presets(
-        self, argv: list[str], env: Mapping[str, str] | None, cwd: str | None
+        self, found: Launch | None, env: Mapping[str, str] | None, cwd: str | None
     ) -> RelaunchPresetsResult:
         """{"version": V or None, "presets": [...]}: relaunch flags spelled for the release that serves argv."""
 
     def output_reader(self) -> OutputReader:
         """A fresh reader for one run's output."""
 
-    def metrics_url(self, argv: list[str], health_url: str) -> str | None:
+    def metrics_url(self, found: Launch, health_url: str) -> str | None:
         """The server's own metrics endpoint beside its health URL, when argv turns it on; else None."""
 
     def server_metrics(self) -> ServerMetrics:
@@ -118,52 +127,107 @@ ENGINES: tuple[ServingEngine, ...] = (SGLANG,)
 DEFAULT: ServingEngine = SGLANG
 
 
-def engine_for(argv: list[str]) -> ServingEngine | None:
-    """The engine whose server argv launches with a Python of its own (`PYTHON -m sglang.launch_server ...`)."""
-    return next((engine for engine in ENGINES if engine.interpreter(argv) is not None), None)
+def launch_of(
+    argv: Sequence[str], env: Mapping[str, str] | None = None, sglang_python: str | None = None
+) -> tuple[ServingEngine, Launch] | None:
+    """The engine whose server argv launches (in any shape it reads), and what it launches."""
+    for engine in ENGINES:
+        found = engine.launch(argv, env, sglang_python)
+        if found is not None:
+            return engine, found
+    return None
 
 
-def health_url(argv: list[str]) -> str | None:
-    """The health URL of the first engine whose server argv starts."""
-    return next((url for engine in ENGINES if (url := engine.health_url(argv)) is not None), None)
+def serve_launch(
+    argv: Sequence[str], env: Mapping[str, str] | None = None, sglang_python: str | None = None
+) -> tuple[ServingEngine, Launch]:
+    """What a serve run launches: a shape an engine reads, else the default engine behind a wrapper."""
+    return launch_of(argv, env, sglang_python) or (DEFAULT, DEFAULT.wrapper(argv, sglang_python))
 
 
-def server_metrics(argv: list[str], health_url: str) -> tuple[str, ServerMetrics] | None:
-    """The metrics URL of the engine whose server argv starts with its metrics on, and a reader for it."""
-    engine = engine_for(argv)
-    url = engine.metrics_url(argv, health_url) if engine is not None else None
-    return (url, engine.server_metrics()) if engine is not None and url is not None else None
+def engine_for(argv: Sequence[str]) -> ServingEngine | None:
+    """The engine whose server argv launches, in any shape it reads."""
+    found = launch_of(argv)
+    return found[0] if found is not None else None
+
+
+def health_url(argv: Sequence[str], env: Mapping[str, str] | None = None) -> str | None:
+    """The health URL of the server argv starts, as the host reaches it."""
+    found = launch_of(argv, env)
+    return found[0].health_url(found[1]) if found is not None else None
+
+
+def server_metrics(
+    argv: Sequence[str], health_url: str, env: Mapping[str, str] | None = None
+) -> tuple[str, ServerMetrics] | None:
+    """The metrics URL of the server argv starts with its metrics on, and a reader for it."""
+    found = launch_of(argv, env)
+    url = found[0].metrics_url(found[1], health_url) if found is not None else None
+    return (url, found[0].server_metrics()) if found is not None and url is not None else None
+
+
+def edited(argv: Sequence[str], sets: list[str], unsets: list[str], env: Mapping[str, str] | None) -> list[str] | None:
+    """argv with the server's flags set or removed where they are written (inside a shell string, before a
+    container's image...); None when argv starts no server an engine reads (ArgvEditError for a bad flag)."""
+    found = launch_of(argv, env)
+    return found[1].edited(sets, unsets) if found is not None else None
 
 
 @dataclass(frozen=True)
 class ServedDraft:
     """What a serve command serves, for doctor: the draft, the target folder, the context length, and the
-    interpreter and environment that will load them (None: the agent's own)."""
+    interpreter and environment that will load them (None: the agent's own, unless `unknown_python` says that the
+    one that serves cannot be known)."""
 
     draft: Path
     target: Path | None
     context_length: int | None
     python: str | None
     env: Mapping[str, str] | None
+    unknown_python: str | None = None  # set when the interpreter that serves is not known here: the launch's shape
 
 
-def served_draft(argv: list[str], cwd: str | None, env: Mapping[str, str] | None) -> ServedDraft | None:
-    """The draft a serve command names, or None when it names none. A target given as a hub name rather than
-    a folder is left out: doctor reads files only."""
-    engine = engine_for(argv) or DEFAULT
-    draft = _path(flag_value(argv, engine.draft_flags), cwd)
+def served_draft(
+    argv: Sequence[str], cwd: str | None, env: Mapping[str, str] | None, sglang_python: str | None = None
+) -> ServedDraft | None:
+    """The draft a serve command names, as the host sees it, or None when it names none (or the host cannot see
+    it: `draft_unseen` says why). A target given as a hub name rather than a folder is left out: doctor reads
+    files only."""
+    engine, found = serve_launch(argv, env, sglang_python)
+
+    def named(*flags: str) -> str | None:
+        # A wrapper's own words, when its flags are not visible: wrappers pass them on ("$@").
+        return found.flag(*flags) if found.flags is not None else flag_value(list(argv), flags)
+
+    draft = _seen(found, named(*engine.draft_flags), cwd)
     if draft is None:
         return None
-    target = _path(flag_value(argv, engine.target_flags), cwd)
-    context = flag_value(argv, (engine.context_length_flag,))
-    python = engine.interpreter(argv)
+    target = _seen(found, named(*engine.target_flags), cwd)
+    context = named(engine.context_length_flag)
     return ServedDraft(
         draft=draft,
         target=target if target is not None and target.is_dir() else None,
         context_length=int(context) if context is not None and context.isdigit() else None,
-        python=python,
-        env=env if python is not None else None,
+        python=found.python,
+        env={**(env or {}), **found.env} if found.python is not None else None,
+        unknown_python=None if found.python is not None else found.describe(),
     )
+
+
+def draft_unseen(argv: Sequence[str], env: Mapping[str, str] | None) -> str | None:
+    """Why the draft a serve command names cannot be read from the host (a path inside a container that no bind
+    mount shows), with what makes it readable; None otherwise."""
+    engine, found = serve_launch(argv, env)
+    named = found.flag(*engine.draft_flags)
+    if named is None or found.path(named) is not None:
+        return None
+    return f"the draft {named} is inside the container, where no -v HOST:CONTAINER mount shows it"
+
+
+def _seen(found: Launch, value: str | None, cwd: str | None) -> Path | None:
+    """A path the server reads, on the host (through a container's mounts); None when absent or not visible."""
+    on_host = found.path(value) if value is not None else None
+    return _path(on_host, None if found.container is not None else cwd)
 
 
 def _path(value: str | None, cwd: str | None) -> Path | None:

@@ -143,7 +143,11 @@ def launch(p: Parser) -> None:
     p.add_argument("kind", choices=RUN_KINDS, help="what the run is: the console charts and checks each kind its way")
     p.add_argument("--name", help="a name to find the run by")
     p.add_argument("--gpus", type=gpu_list, default=[], help="GPUs for CUDA_VISIBLE_DEVICES, e.g. 0,1")
-    p.add_argument("--health-url", help="URL polled for health (serve runs)")
+    p.add_argument("--health-url", help="URL polled for health (any command; default: a serve command's own)")
+    p.add_argument(
+        "--metrics-url", help="the server's Prometheus metrics URL (any command; default: a serve command's own)"
+    )
+    sglang_python_option(p)
     p.add_argument("--stall-after", type=stall_window, help="seconds of silence before the run counts as stalled")
     p.add_argument("--env", type=env_pair, action="append", default=[], help="NAME=VALUE for the run (repeatable)")
     p.add_argument("--cwd", help="working directory of the run (default: the current one)")
@@ -160,6 +164,15 @@ def launch(p: Parser) -> None:
     job.add_argument("--job", metavar="NAME", help="the job's id, the same on every node's launch")
     job.add_argument("--node-rank", type=int, metavar="R", help="this node's rank, 0 to NNODES-1")
     job.add_argument("--nnodes", type=positive, metavar="N", help="how many nodes the job has")
+
+
+def sglang_python_option(p: Parser) -> None:
+    p.add_argument(
+        "--sglang-python",
+        metavar="PATH",
+        help="a serve command's host Python with the SGLang that serves, when the command does not show it (a "
+        "wrapper script, a container): its parser, version and loader check the launch",
+    )
 
 
 @command("watch", "print every run's changes of state as they happen, until Ctrl-C")
@@ -289,6 +302,7 @@ def serve(p: Parser) -> None:
     p.add_argument("--gpus", type=gpu_list, default=[], help="GPUs for CUDA_VISIBLE_DEVICES; --tp-size follows them")
     p.add_argument("--port", type=int, help="the server's port (default: SGLang's own)")
     p.add_argument("--python", default="python3", help="the host interpreter that has SGLang (default python3)")
+    sglang_python_option(p)
     p.add_argument("--env", type=env_pair, action="append", default=[], help="NAME=VALUE for the run (repeatable)")
     p.add_argument("--stall-after", type=stall_window, help="seconds of idle silence that make the launch stalled (30)")
     p.add_argument("--force", action="store_true", help="launch even when SGLang's parser or doctor refuses it")

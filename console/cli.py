@@ -79,6 +79,8 @@ async def cmd_launch(client: AgentClient, ns: argparse.Namespace, argv: list[str
         cwd=ns.cwd or os.getcwd(),
         gpus=ns.gpus,
         health_url=ns.health_url,
+        metrics_url=ns.metrics_url,
+        sglang_python=ns.sglang_python,
         stall_after=ns.stall_after,
         metrics_from=ns.metrics_from,
         force=ns.force,

@@ -78,6 +78,7 @@ async def launch_serve(
         cwd=os.getcwd(),
         gpus=ns.gpus,
         health_url=f"http://127.0.0.1:{ns.port}/health" if not node or node["node_rank"] == 0 else None,
+        sglang_python=ns.sglang_python,
         stall_after=ns.stall_after,
         force=ns.force,
         **node_fields(node),

@@ -81,11 +81,17 @@ class AgentOps(abc.ABC):
         node_rank: int | None = None,
         nnodes: int | None = None,
         rendezvous: str | None = None,
+        metrics_url: str | None = None,
+        sglang_python: str | None = None,
     ) -> LaunchResult:
         """A new run; with job, node_rank and nnodes, one node of a multi-node job (its torchrun meeting the
-        others at `rendezvous` when it runs one of our stages)."""
+        others at `rendezvous` when it runs one of our stages). A serve run's `sglang_python` is the host Python
+        whose SGLang checks it when its command does not show one; `metrics_url` its metrics endpoint."""
+        # Sent only when given: an agent of an older release refuses arguments it does not know.
+        given = {k: v for k, v in (("metrics_url", metrics_url), ("sglang_python", sglang_python)) if v is not None}
         result = await self.request(
             "launch",
+            **given,
             kind=kind,
             argv=list(argv),
             name=name,

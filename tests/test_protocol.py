@@ -238,6 +238,8 @@ def test_defaults_are_filled() -> None:
         "cwd": None,
         "gpus": [],
         "health_url": None,
+        "metrics_url": None,
+        "sglang_python": None,
         "stall_after": None,
         "module": None,
         "python": None,

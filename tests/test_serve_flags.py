@@ -16,14 +16,23 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from backends.protocol import Finding
 from backends.runs.store import RunDir
 from backends.sglang import flags as serve_flags
+from backends.sglang import launch
 from console.client import AgentClient
 from tests.conftest import CLI, wait_state
 
 PARSER_PATH = os.environ.get("EAGLE3_SGLANG_PARSER_PATH")
 needs_parser = pytest.mark.skipif(PARSER_PATH is None, reason="EAGLE3_SGLANG_PARSER_PATH unset: run `make test`")
 SERVER = [sys.executable, "-m", "sglang.launch_server"]
+
+
+def check(argv: list[str], env: dict[str, str] | None = None) -> Finding | None:
+    """SGLang's verdict on a serve command line, read as the gate reads it."""
+    found = launch.read(argv, env)
+    assert found is not None, argv
+    return serve_flags.check(found, env)
 
 
 def parser_env() -> list[str]:
@@ -40,20 +49,23 @@ flag_text = st.text(st.characters(codec="utf-8", exclude_characters="\0"), max_s
 
 @given(
     python=st.sampled_from(["python", "python3", "/opt/venv/bin/python3.11"]),
-    options=st.lists(st.sampled_from(["-u", "-O", "-X", "-B"]), max_size=3),
+    options=st.lists(st.sampled_from([["-u"], ["-O"], ["-B"], ["-X", "dev"], ["-W", "ignore"]]), max_size=3),
     flags=st.lists(flag_text, max_size=6),
 )
 def test_a_server_command_is_recognised_and_its_flags_are_exactly_what_follows_the_module(
-    python: str, options: list[str], flags: list[str]
+    python: str, options: list[list[str]], flags: list[str]
 ) -> None:
-    assert serve_flags.server_command([python, *options, "-m", "sglang.launch_server", *flags]) == (python, flags)
+    found = launch.read(
+        [python, *(word for option in options for word in option), "-m", "sglang.launch_server", *flags]
+    )
+    assert found is not None and (found.python, list(found.flags or ())) == (python, flags)
 
 
 @given(st.lists(flag_text, max_size=6))
 def test_other_commands_are_not_server_commands(flags: list[str]) -> None:
-    assert serve_flags.server_command(["python", "-m", "vllm.entrypoints.openai.api_server", *flags]) is None
-    assert serve_flags.server_command(["python", "serve.py", "-m", "sglang.launch_server", *flags]) is None
-    assert serve_flags.server_command(["sglang.launch_server", *flags]) is None
+    assert launch.read(["python", "-m", "vllm.entrypoints.openai.api_server", *flags]) is None
+    assert launch.read(["python", "serve.py", "-m", "sglang.launch_server", *flags]) is None
+    assert launch.read(["sglang.launch_server", *flags]) is None
 
 
 @needs_parser
@@ -64,7 +76,7 @@ def test_sglangs_parser_refuses_ambiguous_unknown_and_malformed_flags_with_its_o
         "--tp-size=two": "argument --tp-size/--tensor-parallel-size: invalid int value: 'two'",
     }
     for flag, words in verdicts.items():
-        finding = serve_flags.check([*SERVER, "--model-path", "m", flag, *(["8"] if "max-bs" in flag else [])], env)
+        finding = check([*SERVER, "--model-path", "m", flag, *(["8"] if "max-bs" in flag else [])], env)
         assert finding is not None and finding["severity"] == "error" and finding["code"] == "launch-flags"
         assert words in finding["message"]
 
@@ -87,16 +99,16 @@ def test_each_node_of_a_multi_node_serve_passes_sglangs_own_parser_and_node_0_al
             node.dist_init_addr,
         ]
         assert argv[argv.index("--tp-size") + 1] == "16"  # tensor parallelism over both nodes' GPUs
-        assert serve_flags.check(argv, env) is None, argv
+        assert check(argv, env) is None, argv
         assert (serving.health_url(argv) is not None) == (rank == 0)
 
 
 def test_an_interpreter_without_sglang_or_no_interpreter_at_all_is_refused_with_what_to_do(tmp_path: Path) -> None:
-    finding = serve_flags.check([*SERVER, "--anything"], {"PYTHONPATH": str(tmp_path)})
+    finding = check([*SERVER, "--anything"], {"PYTHONPATH": str(tmp_path)})
     assert finding is not None and finding["severity"] == "error" and finding["code"] == "launch-python"
     assert finding["message"] == f"{sys.executable} has no SGLang (No module named 'sglang')"
     assert finding["fix"] is not None and "--python PATH" in finding["fix"]
-    missing = serve_flags.check([str(tmp_path / "python3"), "-m", "sglang.launch_server"])
+    missing = check([str(tmp_path / "python3"), "-m", "sglang.launch_server"])
     assert (
         missing is not None and missing["severity"] == "error" and "is not a Python on the host" in missing["message"]
     )
@@ -105,7 +117,7 @@ def test_an_interpreter_without_sglang_or_no_interpreter_at_all_is_refused_with_
 def test_an_sglang_whose_parser_cannot_be_imported_is_reported_as_unchecked_not_refused(tmp_path: Path) -> None:
     (tmp_path / "sglang").mkdir()
     (tmp_path / "sglang" / "__init__.py").write_text("")  # SGLang, but not one with server arguments
-    finding = serve_flags.check([*SERVER, "--anything"], {"PYTHONPATH": str(tmp_path)})
+    finding = check([*SERVER, "--anything"], {"PYTHONPATH": str(tmp_path)})
     assert finding is not None and finding["severity"] == "info" and finding["code"] == "launch-flags-unchecked"
     assert "cannot import SGLang's server arguments" in finding["message"]
 
@@ -117,7 +129,7 @@ def test_a_serve_launch_with_a_python_lacking_sglang_starts_nothing_and_says_wha
     assert refused.returncode == 1
     assert refused.stderr.decode().splitlines(keepends=True)[-1] == (
         f"eagle3-console: {sys.executable} has no SGLang (No module named 'sglang'); "
-        "give --python PATH, the host's Python that has SGLang (or launch with --force)\n"
+        "name the host's Python that has SGLang in the command (serve --python PATH), or launch with --force\n"
     )
     assert runs(workdir) == []
 
@@ -140,17 +152,17 @@ def test_a_verdict_is_reused_until_sglangs_parser_changes(tmp_path: Path) -> Non
     def ran() -> int:
         return len(runs_log.read_text().splitlines()) if runs_log.exists() else 0
 
-    first = serve_flags.check(command, env)
+    first = check(command, env)
     assert first is not None and "unrecognized arguments: --tp 2" in first["message"] and ran() == 1
-    assert serve_flags.check(command, env) == first and ran() == 1  # the same flags: not parsed again
-    assert serve_flags.check(command[:-2], env) is None and ran() == 2  # other flags are
-    assert serve_flags.check(command, {**env, "SGLANG_X": "1"}) == first and ran() == 3  # so is another env
+    assert check(command, env) == first and ran() == 1  # the same flags: not parsed again
+    assert check(command[:-2], env) is None and ran() == 2  # other flags are
+    assert check(command, {**env, "SGLANG_X": "1"}) == first and ran() == 3  # so is another env
     parser_file.write_text(known + '        p.add_argument("--tp")\n')  # SGLang upgraded
-    assert serve_flags.check(command, env) is None and ran() == 4
-    assert serve_flags.check(command, env) is None and ran() == 4
+    assert check(command, env) is None and ran() == 4
+    assert check(command, env) is None and ran() == 4
     without = {"PYTHONPATH": str(tmp_path)}
     for expected_runs in (5, 6):  # no verdict to keep: asked again each time
-        assert serve_flags.check(command, without) is not None and ran() == expected_runs
+        assert check(command, without) is not None and ran() == expected_runs
 
 
 def test_a_refusal_quoting_a_secret_is_kept_masked(tmp_path: Path) -> None:
@@ -159,7 +171,7 @@ def test_a_refusal_quoting_a_secret_is_kept_masked(tmp_path: Path) -> None:
     for package in (parser_file.parent.parent, parser_file.parent):
         (package / "__init__.py").write_text("")
     parser_file.write_text("class ServerArgs:\n    @staticmethod\n    def add_cli_args(p):\n        pass\n")
-    finding = serve_flags.check([*SERVER, "--my-api-key", "sk-live-42"], {"PYTHONPATH": str(tmp_path)})
+    finding = check([*SERVER, "--my-api-key", "sk-live-42"], {"PYTHONPATH": str(tmp_path)})
     assert finding is not None and "sk-live-42" not in finding["message"] and "--my-api-key ***" in finding["message"]
     assert "sk-live-42" not in serve_flags.cache_file().read_text()
 
@@ -170,7 +182,7 @@ def test_a_launch_with_a_flag_sglang_refuses_starts_nothing_unless_forced(cli: C
     refused = cli("launch", "serve", *parser_env(), "--", *bad)
     assert refused.returncode == 1
     assert refused.stderr.decode() == (
-        "eagle3-console: SGLang's argument parser refuses this command line: "
+        "eagle3-console: SGLang's argument parser refuses this command line: sglang serve: error: "
         "unrecognized arguments: --disable-cuda-graphs; correct the flag (SGLang would exit at once); "
         "launch with --force to start anyway\n"
     )
@@ -240,18 +252,18 @@ def test_a_deprecated_flag_is_accepted_with_sglangs_warning_and_the_spelling_to_
     python.chmod(0o755)
     command = [str(python), "-m", "sglang.launch_server", "--model-path", "m", "--disable-cuda-graph"]
     env = {"PYTHONPATH": str(PARSER_PATH)}
-    finding = serve_flags.check(command, env)
+    finding = check(command, env)
     assert finding == {
         "code": "launch-flags-warned",
         "severity": "warning",
         "message": f"SGLang 0.5.23's argument parser accepts this command line but warns: {DEPRECATED}",
         "fix": f"write {NEW_SPELLING} instead of --disable-cuda-graph",
     }
-    assert serve_flags.check(command, env) == finding  # the cache keeps the warning with the verdict
+    assert check(command, env) == finding  # the cache keeps the warning with the verdict
     assert runs_log.read_text().count("ran") == 1
-    assert serve_flags.check([*command[:-1], *NEW_SPELLING.split()], env) is None
+    assert check([*command[:-1], *NEW_SPELLING.split()], env) is None
     # A refusal says the warnings too.
-    refused = serve_flags.check([*command, "--tp-size", "two"], env)
+    refused = check([*command, "--tp-size", "two"], env)
     assert refused is not None and refused["severity"] == "error"
     assert refused["message"].endswith(f"invalid int value: 'two' (it also warns: {DEPRECATED})")
 
@@ -274,13 +286,13 @@ def test_a_verdict_cached_without_its_warnings_is_asked_again(tmp_path: Path) ->
     )
     command = [*SERVER, "--old"]
     env = {"PYTHONPATH": str(tmp_path / "site")}
-    first = serve_flags.check(command, env)
+    first = check(command, env)
     assert first is not None and first["message"].endswith("but warns: '--old' is deprecated")
     cache = json.loads(serve_flags.cache_file().read_text())
     for entry in cache.values():  # as an older eagle3-console kept it: the verdict alone
         entry["verdict"] = {"ok": True, "parser": entry["verdict"]["parser"]}
     serve_flags.cache_file().write_text(json.dumps(cache))
-    assert serve_flags.check(command, env) == first
+    assert check(command, env) == first
 
 
 @needs_parser
@@ -302,11 +314,11 @@ def test_a_launch_and_a_relaunch_with_a_deprecated_flag_show_sglangs_warning(cli
 @needs_parser
 def test_relaunch_presets_are_spelled_for_the_runs_sglang() -> None:
     env = {"PYTHONPATH": str(PARSER_PATH)}
-    assert serve_flags.relaunch_presets([*SERVER, "--model-path", "m"], env) == {
+    assert serve_flags.relaunch_presets(launch.read([*SERVER, "--model-path", "m"]), env) == {
         "version": "0.5.23",
         "presets": [NEW_SPELLING, "--disable-custom-all-reduce", "--mem-fraction-static=0.8"],
     }
-    assert serve_flags.relaunch_presets(["python", "serve.py"]) == {
+    assert serve_flags.relaunch_presets(launch.read(["python", "serve.py"])) == {
         "version": None,
         "presets": ["--disable-cuda-graph", "--disable-custom-all-reduce", "--mem-fraction-static=0.8"],
     }
@@ -315,6 +327,6 @@ def test_relaunch_presets_are_spelled_for_the_runs_sglang() -> None:
 @needs_parser
 def test_the_parsers_refusal_shows_no_secret_value() -> None:
     env = {"PYTHONPATH": str(PARSER_PATH)}
-    finding = serve_flags.check([*SERVER, "--model-path", "m", "--my-api-key", "sk-live-123"], env)
+    finding = check([*SERVER, "--model-path", "m", "--my-api-key", "sk-live-123"], env)
     assert finding is not None and finding["code"] == "launch-flags"
     assert "sk-live-123" not in finding["message"] and "--my-api-key ***" in finding["message"]

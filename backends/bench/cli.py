@@ -92,9 +92,12 @@ def served_url(run: RunDir, spec: RunSpec) -> str:
     serve run or names none."""
     if spec.kind != "serve":
         raise BenchError(f"run {run.id} is a {spec.kind} run, not a serve run; bench a serve run, or a URL")
-    health = spec.health_url or serving.health_url(spec.argv)
+    health = spec.health_url or serving.health_url(spec.argv, spec.env)
     if health is None or "://" not in health:
-        raise BenchError(f"run {run.id} names no health URL or port to reach its server; bench its URL instead")
+        raise BenchError(
+            f"run {run.id} names no health URL or port to reach its server (launch it with --health-url URL); "
+            "bench its URL instead"
+        )
     scheme, _, rest = health.partition("://")
     return f"{scheme}://{rest.split('/', 1)[0]}"
 
@@ -269,7 +272,7 @@ def record(
     ns: argparse.Namespace, url: str, served: RunDir | None, outcomes: list[Outcome], took: float
 ) -> BenchResult:
     spec = served.spec() if served is not None else None
-    draft = serving.served_draft(spec.argv, spec.cwd, spec.env) if spec is not None else None
+    draft = serving.served_draft(spec.argv, spec.cwd, spec.env, spec.sglang_python) if spec is not None else None
     settings: BenchSettings = {
         "prompts": ns.prompts,
         "requests": ns.requests,

@@ -25,12 +25,17 @@ def full_diagnosis(
     sglang_python: str | None = None,
     env: Mapping[str, str] | None = None,
     cwd: str | None = None,
+    unknown_python: str | None = None,
 ) -> DoctorResult:
     """doctor's static rules, plus the real loader when asked (True) or, for None, when the serving
     interpreter (`sglang_python` with `env` in `cwd`; default: this one) has sglang and the dry-load
-    is estimated under a minute. Without --sglang-version the rules are that interpreter's release's."""
+    is estimated under a minute. Without --sglang-version the rules are that interpreter's release's.
+    `unknown_python` says why the interpreter that serves cannot be known (a container): every known release's
+    rules then, and no dry-load."""
     installed = None
-    if sglang_version is None or dry_load is None:
+    if unknown_python is not None:
+        installed, dry_load = Installed(None, unknown=unknown_python), False
+    elif sglang_version is None or dry_load is None:
         installed = Installed(facts.installed_version(sglang_python, env, cwd), sglang_python)
     result = diagnose(
         draft,

@@ -8,14 +8,17 @@ from dataclasses import dataclass
 from backends.doctor.codes import finding
 from backends.protocol import Finding
 from backends.sglang import facts
+from backends.sglang.launch import SGLANG_PYTHON_FLAG
 
 
 @dataclass(frozen=True)
 class Installed:
-    """The sglang version (None: no sglang) of the interpreter that will serve; python None: this one."""
+    """The sglang version (None: no sglang) of the interpreter that will serve; python None: this one, unless
+    `unknown` says why the one that serves cannot be known (a server inside a container)."""
 
     version: str | None
     python: str | None = None
+    unknown: str | None = None
 
     def source(self) -> str:
         return "the installed sglang" if self.python is None else f"the sglang of {self.python}"
@@ -29,10 +32,16 @@ def versions_to_check(requested: str | None, installed: Installed | None = None)
         requested, source = installed.version, installed.source()
     if requested is None:
         versions = list(facts.KNOWN_VERSIONS)
+        checked = f"checked against {', '.join(versions)}"
+        if installed is not None and installed.unknown is not None:
+            # A launch: the fix is an option of launch and serve (doctor takes it too).
+            msg = f"the SGLang that serves is not known here ({installed.unknown}): {checked}"
+            fix = f"give {SGLANG_PYTHON_FLAG} PATH, a host Python with the same SGLang"
+            return versions, [finding("sglang-version", "info", msg, fix)]
         where, fix = "installed here", "pass --sglang-version, or run doctor on the host that serves"
         if installed is not None and installed.python is not None:
-            where, fix = f"for {installed.python}", "pass --sglang-version, or name the Python that serves SGLang"
-        msg = f"no --sglang-version and no sglang {where}: checked against {', '.join(versions)}"
+            where, fix = f"for {installed.python}", f"name the Python that serves SGLang with {SGLANG_PYTHON_FLAG} PATH"
+        msg = f"no --sglang-version and no sglang {where}: {checked}"
         return versions, [finding("sglang-version", "info", msg, fix)]
     nearest = facts.nearest_known(requested)
     if nearest is None:

@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from backends import PACKAGE_ROOT
+from backends import PACKAGE_ROOT, serving
 from backends.argv_edit import ArgvEditError, edit_argv
 from backends.host import diskspace, procinfo
 from backends.masking import mask_argv, mask_env
@@ -50,7 +50,7 @@ def gate(spec: RunSpec, force: bool) -> PreflightResult:
     unfit = stages.python_problem(spec.argv, spec.env, spec.cwd)
     if unfit is not None and not force:
         raise OpError("python_unfit", unfit)
-    checked = preflight.check_launch(spec.kind, spec.argv, spec.cwd, spec.env)
+    checked = preflight.check_launch(spec.kind, spec.argv, spec.cwd, spec.env, spec.sglang_python)
     if force:
         return checked
     flags, verdict = checked["flags"], checked["doctor"]
@@ -251,7 +251,9 @@ def relaunch(
     if not all(isinstance(x, str) for x in [*sets, *unsets]):
         raise OpError("bad_args", "flags to set or unset must be strings")
     try:
-        argv = edit_argv(spec.argv, sets, unsets)
+        # A server's flags are edited where they are written (in a shell string, before a container's image...).
+        argv = serving.edited(spec.argv, sets, unsets, spec.env) if spec.kind == "serve" else None
+        argv = argv if argv is not None else edit_argv(spec.argv, sets, unsets)
     except ArgvEditError as exc:
         raise OpError("bad_args", str(exc)) from None
     child_spec = dataclasses.replace(spec, argv=argv, parent=parent.id, created_at=time.time())
@@ -320,6 +322,8 @@ def checked_spec(args: dict[str, Any], cwd_default: str | None) -> RunSpec:
         cwd=args["cwd"] or cwd_default,
         gpus=list(args["gpus"]),
         health_url=args["health_url"],
+        metrics_url=args["metrics_url"],
+        sglang_python=args["sglang_python"],
         stall_after=args["stall_after"],
         metrics_from=args["metrics_from"],
         job=node,

@@ -130,6 +130,10 @@ class RunSpec:
     created_at: float = field(default_factory=time.time)
     metrics_from: str | None = None
     job: JobNode | None = None  # this run's node of a multi-node job (backends.runs.job)
+    # A serve run's: the host Python whose SGLang checks it when the command does not show it (a wrapper, a
+    # container), and the server's metrics endpoint when it is not beside the health URL.
+    sglang_python: str | None = None
+    metrics_url: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -158,7 +162,7 @@ class RunSpec:
             raise SpecError("gpus must be a list of GPU indices")
         if not isinstance(self.name, str):
             raise SpecError("name must be a string")
-        for name in ("cwd", "health_url", "parent"):
+        for name in ("cwd", "health_url", "parent", "sglang_python", "metrics_url"):
             if getattr(self, name) is not None and not isinstance(getattr(self, name), str):
                 raise SpecError(f"{name} must be a string or null")
         self._validate_passable()

@@ -84,10 +84,37 @@ def stall_window(spec: RunSpec) -> float | None:
 
 
 def health_url(spec: RunSpec) -> str | None:
-    """The URL to poll: the one given, else the serving engine's health URL for a serve command."""
+    """The URL to poll: the one given (any command), else the serving engine's health URL for a serve command,
+    as the host reaches it."""
     if spec.health_url is not None:
         return spec.health_url
-    return serving.health_url(spec.argv) if spec.kind == "serve" else None
+    return serving.health_url(spec.argv, spec.env) if spec.kind == "serve" else None
+
+
+def server_metrics(spec: RunSpec, url: str | None) -> tuple[str, serving.ServerMetrics] | None:
+    """The server's metrics endpoint and its reader: the one given (any command), else the serving engine's
+    beside the health URL when the command turns it on."""
+    if spec.metrics_url is not None:
+        engine = serving.engine_for(spec.argv) or serving.DEFAULT
+        return spec.metrics_url, engine.server_metrics()
+    return serving.server_metrics(spec.argv, url, spec.env) if spec.kind == "serve" and url else None
+
+
+def unwatched(spec: RunSpec, url: str | None) -> str | None:
+    """What the watch cannot do for a serve run, said once at its start with the option that makes it work:
+    no health URL (a wrapper, a container port not published: no /metrics beside it either)."""
+    if spec.kind != "serve" or (spec.job is not None and spec.job["node_rank"] > 0):
+        return None
+    where = (found := serving.serve_launch(spec.argv, spec.env, spec.sglang_python)[1]).describe()
+    if url is None:
+        why = "its flags are not on the command line"
+        if found.container is not None and found.flags is not None:
+            why = f"the server's port is not published by {found.container.runtime} run (-p HOST:CONTAINER)"
+        return (
+            f"no health poll for {where}: {why}; the server's ready line is read instead "
+            "(give --health-url URL, and --metrics-url URL for its metrics)"
+        )
+    return None
 
 
 def poll_health(client: httpx.Client, url: str) -> str:
@@ -198,7 +225,8 @@ class RunWatcher:
         self.serving = spec.kind == "serve"
         self.client: httpx.Client | None = None  # made in the watch's thread at its first poll
         # The server's own metrics endpoint and its reader, when the command turns it on.
-        self.metrics = serving.server_metrics(spec.argv, self.url) if self.serving and self.url else None
+        self.metrics = server_metrics(spec, self.url)
+        self.unwatched = unwatched(spec, self.url)
         self.scraped = False  # the endpoint answered: the output's figures of the same names are not written
         self.last_scrape = 0.0
         self.metrics_problem: str | None = None  # the last one recorded, so that each is said once
@@ -226,6 +254,9 @@ class RunWatcher:
             self.metrics = None
             with contextlib.suppress(OSError):  # a full disk is noticed at the first tick
                 self._metrics_problem(f"{off} (install it beside the agent)")
+        if self.unwatched is not None:
+            with contextlib.suppress(OSError):
+                self.run.append_event("unwatched", message=self.unwatched)
         self._thread.start()
         try:
             self._save()
@@ -284,7 +315,8 @@ class RunWatcher:
         if self.url is not None and now - self.last_health >= HEALTH_EVERY_S:
             self.last_health = now
             self._health(now)
-        if self.metrics is not None and self.watch.health == "ok" and now - self.last_scrape >= METRICS_EVERY_S:
+        serving_now = self.watch.health == "ok" or (self.url is None and self.watch.state == "ready")
+        if self.metrics is not None and serving_now and now - self.last_scrape >= METRICS_EVERY_S:
             self.last_scrape = now
             self._scrape(*self.metrics)
         if self.window is not None and self.watch.state != "ready" and now - self.last_activity >= ACTIVITY_EVERY_S:

@@ -1,16 +1,16 @@
 """SGLang as a serving engine: what the serving seam (`backends.serving`) asks of it, answered from this package.
 
-Everything here delegates to the modules that hold the knowledge (`facts`, `flags`, `log`); this class is the
-one door to them for the run engine, the gate and the console.
+Everything here delegates to the modules that hold the knowledge (`facts`, `flags`, `launch`, `log`); this class
+is the one door to them for the run engine, the gate and the console.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
-from backends.argv_edit import flag_value
 from backends.protocol import Finding, RelaunchPresetsResult, ServeNode
-from backends.sglang import facts, flags, log, server_metrics
+from backends.sglang import facts, flags, launch, log, server_metrics
+from backends.sglang.launch import ServerLaunch
 
 
 class SGLangEngine:
@@ -22,10 +22,15 @@ class SGLangEngine:
     # Offered when the host cannot say which release it serves: the spelling every release accepts.
     fallback_presets = facts.RELAUNCH_PRESETS
 
-    def interpreter(self, argv: list[str]) -> str | None:
-        """The Python that runs the server when argv is `PYTHON [OPTIONS] -m sglang.launch_server FLAGS...`."""
-        command = flags.server_command(argv)
-        return command[0] if command is not None else None
+    def launch(
+        self, argv: Sequence[str], env: Mapping[str, str] | None = None, sglang_python: str | None = None
+    ) -> ServerLaunch | None:
+        """What argv launches when it starts SGLang's server in any shape `launch` reads; None otherwise."""
+        return launch.read(argv, env, sglang_python)
+
+    def wrapper(self, argv: Sequence[str], sglang_python: str | None) -> ServerLaunch:
+        """A serve command none of the shapes: a wrapper whose flags cannot be seen."""
+        return launch.wrapper(argv, sglang_python)
 
     def serve_command(
         self,
@@ -54,33 +59,25 @@ class SGLangEngine:
             argv.append(server_metrics.ENABLE_FLAG)
         return argv + extra
 
-    def health_url(self, argv: list[str]) -> str | None:
-        """SGLang's /health on the host and port the command names; None when argv starts no SGLang server, or
-        a node of rank 1 and up (node 0 alone serves HTTP)."""
-        if not any(m in argv for m in facts.SERVER_MODULES):
-            return None
-        if (flag_value(argv, (facts.NODE_RANK_FLAG,)) or "0") != "0":
-            return None
-        host = flag_value(argv, (facts.HOST_FLAG,)) or "127.0.0.1"
-        port = flag_value(argv, (facts.PORT_FLAG,)) or str(facts.DEFAULT_PORT)
-        if host in ("0.0.0.0", "::", "[::]"):
-            host = "127.0.0.1"  # listening everywhere: ask on loopback
-        return f"http://{host}:{port}/health"
+    def health_url(self, found: ServerLaunch) -> str | None:
+        """SGLang's /health on the host and port the command names, as the host reaches it; None when it cannot be
+        known (see `launch.health_url`), or for a node of rank 1 and up (node 0 alone serves HTTP)."""
+        return launch.health_url(found)
 
-    def check_flags(self, argv: list[str], env: Mapping[str, str] | None, cwd: str | None) -> Finding | None:
-        return flags.check(argv, env, cwd)
+    def check_flags(self, found: ServerLaunch, env: Mapping[str, str] | None, cwd: str | None) -> Finding | None:
+        return flags.check(found, env, cwd)
 
     def relaunch_presets(
-        self, argv: list[str], env: Mapping[str, str] | None, cwd: str | None
+        self, found: ServerLaunch | None, env: Mapping[str, str] | None, cwd: str | None
     ) -> RelaunchPresetsResult:
-        return flags.relaunch_presets(argv, env, cwd)
+        return flags.relaunch_presets(found, env, cwd)
 
     def output_reader(self) -> log.OutputReader:
         return log.OutputReader()
 
-    def metrics_url(self, argv: list[str], health_url: str) -> str | None:
-        """/metrics beside the health URL when argv starts an SGLang server with --enable-metrics."""
-        return server_metrics.metrics_url(argv, health_url) if self.interpreter(argv) is not None else None
+    def metrics_url(self, found: ServerLaunch, health_url: str) -> str | None:
+        """/metrics beside the health URL when the command turns SGLang's metrics on (--enable-metrics)."""
+        return server_metrics.metrics_url(list(found.flags or ()), health_url)
 
     def server_metrics(self) -> server_metrics.ServerMetrics:
         return server_metrics.ServerMetrics()

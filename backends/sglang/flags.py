@@ -30,16 +30,19 @@ from backends.fileio import atomic_write_json
 from backends.masking import mask_text
 from backends.protocol import Finding, RelaunchPresetsResult
 from backends.sglang import facts
-from backends.sglang.facts import SERVER_MODULES
+from backends.sglang.launch import SGLANG_PYTHON_FLAG, ServerLaunch
 
 CHECK_TIMEOUT_S = 60.0
 CACHE_ENTRIES = 64
 
-# Runs in the serve command's interpreter: parse argv[1:] with ServerArgs' parser and print one JSON line: the
-# verdict, the warnings the parser logged or warned while parsing (a deprecated flag: 0.5.23's `--disable-cuda-graph`),
-# and the SGLang version.
+# Runs in the serve command's interpreter: `-c _PARSE PROGRAM FLAGS...` parses FLAGS with SGLang's own
+# prepare_server_args, stopped once its parser has parsed (before ServerArgs is built, which needs the model), and
+# prints one JSON line: the verdict, as SGLang would print it (`sglang serve: error: ...`), the warnings the parser
+# logged or warned while parsing (a deprecated flag: 0.5.23's `--disable-cuda-graph`), and the SGLang version.
+# sys.argv[0] is the program's name, argparse's default prog where a release sets none (0.5.5).
 _PARSE = """
 import argparse, importlib.metadata, json, logging, re, sys, warnings
+sys.argv = sys.argv[1:]
 try:
     from sglang.srt import server_args
     from sglang.srt.server_args import ServerArgs
@@ -51,9 +54,22 @@ except Exception as exc:
 class Refused(Exception):
     pass
 
-class Parser(argparse.ArgumentParser):
-    def error(self, message):
-        raise Refused(message)
+class Parsed(Exception):
+    pass
+
+def error(self, message):
+    raise Refused(f"{self.prog}: error: {message}")
+
+parse_args = argparse.ArgumentParser.parse_args
+
+def parse_then_stop(self, args=None, namespace=None):
+    parse_args(self, args, namespace)
+    raise Parsed
+
+def prepare(argv):
+    parser = argparse.ArgumentParser()
+    ServerArgs.add_cli_args(parser)
+    parser.parse_args(argv)
 
 class Said(logging.Handler):
     def __init__(self):
@@ -66,35 +82,23 @@ try:
     version = importlib.metadata.version("sglang")
 except importlib.metadata.PackageNotFoundError:
     version = None
-parser = Parser(prog="sglang.launch_server")
-ServerArgs.add_cli_args(parser)
+argparse.ArgumentParser.error = error
+argparse.ArgumentParser.parse_args = parse_then_stop
 said = Said()
 logging.getLogger().addHandler(said)
 verdict = {"parser": server_args.__file__, "version": version}
 with warnings.catch_warnings(record=True) as warned:
     warnings.simplefilter("always")
     try:
-        parser.parse_args(sys.argv[1:])
+        getattr(server_args, "prepare_server_args", prepare)(sys.argv[1:])
     except Refused as exc:
         verdict["refused"] = str(exc)
-    else:
+    except Parsed:
         verdict["ok"] = True
 ansi = re.compile(r"\\x1b\\[[0-9;]*m")  # SGLang colours its deprecation warnings
 verdict["warnings"] = [ansi.sub("", text).strip() for text in [*said.messages, *(str(w.message) for w in warned)]]
 print(json.dumps(verdict))
 """
-
-
-def server_command(argv: list[str]) -> tuple[str, list[str]] | None:
-    """(interpreter, server flags) when argv runs `PYTHON [OPTIONS] -m sglang.launch_server FLAGS...`."""
-    if not argv or not Path(argv[0]).name.startswith("python"):
-        return None
-    for index in range(1, len(argv) - 1):
-        if argv[index] == "-m":
-            return (argv[0], argv[index + 2 :]) if argv[index + 1] in SERVER_MODULES else None
-        if not argv[index].startswith("-"):
-            return None  # a script, not a module
-    return None
 
 
 class _Unchecked(Exception):
@@ -105,19 +109,21 @@ class _NoPython(_Unchecked):
     """The serve command's interpreter is not a program on the host."""
 
 
-def check(argv: list[str], env: Mapping[str, str] | None = None, cwd: str | None = None) -> Finding | None:
+def check(found: ServerLaunch, env: Mapping[str, str] | None = None, cwd: str | None = None) -> Finding | None:
     """SGLang's verdict on a serve command's flags: an error finding when refused, a warning one when accepted with
-    warnings (a deprecated flag), an info one when unchecked, None when valid."""
-    command = server_command(argv)
-    if command is None:
-        return None
-    python, flags = command
+    warnings (a deprecated flag), an info one when they cannot be checked here (saying why and what makes it
+    work), None when valid."""
+    unseen = unchecked_why(found)
+    if unseen is not None:
+        return _unchecked(*unseen)
+    assert found.python is not None and found.flags is not None
+    python, flags = found.python, list(found.flags)
     try:
-        verdict = _verdict(python, flags, argv, env, cwd)
+        verdict = _verdict(found, {**(env or {}), **found.env}, cwd)
     except _NoPython as exc:
-        return _no_sglang(str(exc))
+        return _no_sglang(str(exc), found)
     except _Unchecked as exc:
-        return _unchecked(str(exc))
+        return _unchecked(str(exc), None)
     warned = " ".join(verdict["warnings"])
     if "refused" in verdict:
         return Finding(
@@ -128,9 +134,9 @@ def check(argv: list[str], env: Mapping[str, str] | None = None, cwd: str | None
             fix="correct the flag (SGLang would exit at once); launch with --force to start anyway",
         )
     if verdict.get("missing") == "sglang":
-        return _no_sglang(f"{python} has no SGLang (No module named 'sglang')")
+        return _no_sglang(f"{python} has no SGLang (No module named 'sglang')", found)
     if not verdict.get("ok"):
-        return _unchecked(f"{python} cannot import SGLang's server arguments ({verdict.get('unavailable')})")
+        return _unchecked(f"{python} cannot import SGLang's server arguments ({verdict.get('unavailable')})", None)
     if warned:
         return Finding(
             code="launch-flags-warned",
@@ -140,6 +146,34 @@ def check(argv: list[str], env: Mapping[str, str] | None = None, cwd: str | None
             fix=deprecation_fix(verdict.get("version"), flags),
         )
     return None
+
+
+def unchecked_why(found: ServerLaunch) -> tuple[str, str | None] | None:
+    """Why SGLang's parser cannot be asked about this launch from the host, and what makes it work; None: it can."""
+    if found.flags is None:
+        return f"the command is {found.describe()}: SGLang's flags are not on its command line", None
+    if found.unexpanded:
+        return (
+            f"its flags use shell variables the launch's environment does not set ({' '.join(found.unexpanded)})",
+            "set them with --env NAME=VALUE",
+        )
+    if found.python is None:
+        return f"the Python that runs SGLang is not known: {python_unknown_why(found)}", python_fix(found)
+    return None
+
+
+def python_unknown_why(found: ServerLaunch) -> str:
+    """Why the interpreter that runs SGLang cannot be known from the command line."""
+    if found.container is not None:
+        return f"SGLang runs inside the container ({found.container.image})"
+    return f"{found.describe()} runs SGLang through a wrapper"
+
+
+def python_fix(found: ServerLaunch) -> str:
+    """What the user gives to have SGLang checked from the host."""
+    if found.container is not None:
+        return f"give {SGLANG_PYTHON_FLAG} PATH, a host Python with the image's SGLang, to check from the host"
+    return f"give {SGLANG_PYTHON_FLAG} PATH, the Python the wrapper runs"
 
 
 def deprecation_fix(version: str | None, flags: list[str]) -> str | None:
@@ -152,29 +186,28 @@ def deprecation_fix(version: str | None, flags: list[str]) -> str | None:
 
 
 def relaunch_presets(
-    argv: list[str], env: Mapping[str, str] | None = None, cwd: str | None = None
+    found: ServerLaunch | None, env: Mapping[str, str] | None = None, cwd: str | None = None
 ) -> RelaunchPresetsResult:
     """The relaunch presets for a serve command, spelled for the SGLang that parses its flags (its verdict is
     usually cached from the launch): {"version": V or None, "presets": [...]}."""
-    command = server_command(argv)
     version = None
-    if command is not None:
+    if found is not None and unchecked_why(found) is None:
         with contextlib.suppress(_Unchecked):
-            version = _verdict(command[0], command[1], argv, env, cwd).get("version")
+            version = _verdict(found, {**(env or {}), **found.env}, cwd).get("version")
     return {"version": version, "presets": list(facts.relaunch_presets(version))}
 
 
-def _verdict(
-    python: str, flags: list[str], argv: list[str], env: Mapping[str, str] | None, cwd: str | None
-) -> dict[str, Any]:
-    """The parser's verdict on `flags` (cached, or asked now), its quotes of secret values masked; _Unchecked
-    when the interpreter gives none."""
+def _verdict(found: ServerLaunch, env: Mapping[str, str], cwd: str | None) -> dict[str, Any]:
+    """The parser's verdict on the launch's flags (cached, or asked now), its quotes of secret values masked;
+    _Unchecked when the interpreter gives none."""
+    assert found.python is not None and found.flags is not None
+    python, flags = found.python, [found.program, *found.flags]
     key = _cache_key(python, flags, env, cwd)
     verdict = _cached(key)
     if verdict is not None:
         return verdict
     try:
-        done = facts.run_python(python, ["-c", _PARSE, *flags], {**os.environ, **(env or {})}, cwd, CHECK_TIMEOUT_S)
+        done = facts.run_python(python, ["-c", _PARSE, *flags], {**os.environ, **env}, cwd, CHECK_TIMEOUT_S)
     except (FileNotFoundError, PermissionError) as exc:
         raise _NoPython(f"{python} is not a Python on the host ({exc.strerror})") from None
     except (OSError, subprocess.TimeoutExpired) as exc:
@@ -189,24 +222,23 @@ def _verdict(
         raise _Unchecked(f"SGLang's parser exited {done.returncode} without a verdict: {last}")
     # argparse quotes the words it refuses, and a warning may quote a flag: secret values among them.
     if "refused" in verdict:
-        verdict["refused"] = mask_text(str(verdict["refused"]), argv)
-    verdict["warnings"] = [mask_text(str(w), argv) for w in verdict.get("warnings") or []]
+        verdict["refused"] = mask_text(str(verdict["refused"]), flags)
+    verdict["warnings"] = [mask_text(str(w), flags) for w in verdict.get("warnings") or []]
     _remember(key, verdict)
     return verdict
 
 
-def _no_sglang(why: str) -> Finding:
+def _no_sglang(why: str, found: ServerLaunch) -> Finding:
     """The server could not even start: its interpreter is missing or has no SGLang."""
-    return Finding(
-        code="launch-python",
-        severity="error",
-        message=why,
-        fix="give --python PATH, the host's Python that has SGLang (or launch with --force)",
-    )
+    if found.python_from == SGLANG_PYTHON_FLAG:
+        fix = f"give {SGLANG_PYTHON_FLAG} PATH, a host Python that has SGLang (or launch with --force)"
+    else:
+        fix = "name the host's Python that has SGLang in the command (serve --python PATH), or launch with --force"
+    return Finding(code="launch-python", severity="error", message=why, fix=fix)
 
 
-def _unchecked(why: str) -> Finding:
-    return Finding(code="launch-flags-unchecked", severity="info", message=f"flags not checked: {why}", fix=None)
+def _unchecked(why: str, fix: str | None) -> Finding:
+    return Finding(code="launch-flags-unchecked", severity="info", message=f"flags not checked: {why}", fix=fix)
 
 
 def cache_file() -> Path:
