@@ -159,6 +159,22 @@ class CorruptFile(TypedDict):
 
 
 PROGRESS_METRICS = (Metric.STEP, Metric.SHARD, Metric.ETA_S)  # what RunInfo.progress may hold
+# JSON has no NaN or infinity: a writer that keeps to JSON spells them as text (our trainer writes str(value)).
+NONFINITE_SPELLINGS: dict[str, float] = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
+
+
+def nonfinite_spelled(value: object) -> float | None:
+    """A metric row's text value that spells NaN or an infinity (`nan`, `inf`, `-inf`, any case), as a float."""
+    return NONFINITE_SPELLINGS.get(value.strip().lower()) if isinstance(value, str) else None
+
+
+class NonfiniteValue(TypedDict):
+    """A metric value that is NaN or infinite among a run's latest rows: its series, its row's step (None: the row
+    has none) and the value as text (`nan`, `inf`, `-inf`)."""
+
+    metric: str
+    step: int | None
+    value: str
 
 
 class Percentiles(TypedDict):
@@ -239,6 +255,8 @@ class _RunExtras(TypedDict, total=False):
     job: JobNode  # absent for a run of one node
     host: str  # set by a client over several hosts (the run's id is then HOST/RUN); never on the wire
     stalled_processes: list[StalledProcess]  # absent unless the run is stalled
+    silent_s: float  # seconds since its output.log last changed, by the host's clock as of this reply; absent if ended
+    nonfinite: NonfiniteValue  # the newest NaN or infinite value its latest metric rows hold; absent when none
 
 
 class RunInfo(_RunExtras):

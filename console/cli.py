@@ -186,10 +186,15 @@ async def follow_metrics(client: AgentClient, run: str, wide: bool = False) -> i
     """Print metric rows as a live table until the run ends; its fate decides the exit code."""
     table = render.LiveTable(wide)
     final = None
+    nan_told = False  # a NaN or infinity is said once, on stderr, beside its marked cell
     async for msg in follow(client, run, {"log": PAST_END, "events": PAST_END, "metrics": 0}, note):
         if msg["stream"] == "metrics":
-            for line in table.lines([r for r in msg["rows"] if isinstance(r, dict)]):
+            rows = [r for r in msg["rows"] if isinstance(r, dict)]
+            for line in table.lines(rows):
                 out(line)
+            if not nan_told and (said := render.nonfinite_note(run, rows)) is not None:
+                nan_told = True
+                note(said)
         elif msg["stream"] == "end":
             if msg.get("error"):
                 note(msg["error"])
@@ -234,6 +239,8 @@ async def cmd_metrics(client: AgentClient, ns: argparse.Namespace, _: list[str])
         out(render.metrics_table(rows))
     else:
         out("no metrics yet")
+    if (said := render.nonfinite_note(ns.run, rows)) is not None:
+        note(said)
     return EXIT_OK
 
 
@@ -426,6 +433,23 @@ def open_console(ns: argparse.Namespace, hosts: list[str], settings: config.Conf
     return EXIT_FAILED if app.return_code else EXIT_OK
 
 
+# The commands that change a host (their --dry-run changes nothing): read-only refuses them.
+CHANGES = frozenset({"kill", "relaunch", "free-gpus", "launch", "serve", "train", "extract"})
+
+
+class ReadOnly(Exception):
+    """A command that changes the host, refused by the read-only setting; the message says where it is set."""
+
+
+def refuse_if_readonly(ns: argparse.Namespace, hosts: list[str], settings: config.Config) -> None:
+    """ReadOnly when the setting in force for any of the hosts is read-only, saying where it comes from."""
+    for host in hosts:
+        source = config.readonly_source(ns.readonly, host, settings)
+        if source is not None:
+            allow = "" if source == "--readonly" else "; --no-readonly allows it for one command"
+            raise ReadOnly(f"{ns.command} refused: {host} is read-only here ({source}){allow}")
+
+
 def list_hosts(settings: config.Config, as_json: bool) -> int:
     hosts = config.known_hosts(settings)
     if as_json:
@@ -462,6 +486,8 @@ def main(args: list[str] | None = None) -> int:
             if command.grammar.tail == "rest":
                 stage, tail = stage_options(ns.command, tail)
                 vars(ns).update(vars(stage))
+        if command is not None and ns.command in CHANGES and not getattr(ns, "dry_run", False):
+            refuse_if_readonly(ns, hosts, settings)
         nodes = getattr(ns, "nodes", None)  # a stage's or serve's: a job over the hosts
         if nodes is not None and (nodes > 1 or hosts != [ns.host]):
             return asyncio.run(job_launch.launch_job(ns, tail, hosts, settings, command_transport, follow_job))
@@ -476,6 +502,9 @@ def main(args: list[str] | None = None) -> int:
     except (UsageError, config.ConfigError) as exc:
         note(str(exc))
         return EXIT_USAGE
+    except ReadOnly as exc:
+        note(str(exc))
+        return EXIT_FAILED
     except (AgentError, TransportError) as exc:
         return failed(exc)
     except KeyboardInterrupt:

@@ -217,6 +217,19 @@ def known_hosts(config: Config) -> list[Host]:
     return [*config.hosts.values(), *(h for h in ssh_config_hosts() if h.name not in config.hosts), *groups]
 
 
+def readonly_source(given: bool | None, host: str, settings: Config) -> str | None:
+    """Where the read-only setting in force for HOST comes from: `--readonly`, or `readonly = true in PATH`
+    ([hosts.NAME] or [defaults]); None when it is off. `given`: --readonly/--no-readonly, None when neither."""
+    if given is not None:
+        return "--readonly" if given else None
+    named = settings.hosts.get(host) or next((h for h in settings.hosts.values() if h.address == host), None)
+    if named is not None and "readonly" in named.settings:
+        table = f"hosts.{named.name}" if named.settings["readonly"] else None
+    else:
+        table = "defaults" if settings.defaults.get("readonly") else None
+    return None if table is None else f"readonly = true in {settings.path} [{table}]"
+
+
 def apply_settings(ns: argparse.Namespace, settings: Config) -> None:
     """What the command line left unset, from config.toml's settings for HOST (a name there becomes its address)."""
     address, chosen = settings.settings_for(ns.host)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import Callable, Mapping
 from typing import Any, TypedDict, cast
 
@@ -24,6 +25,7 @@ RUN_FIELDS = ("run", "parent", "id", "served_run")  # reply fields that name a r
 
 class _Links(TypedDict, total=False):
     links: dict[str, str | None]  # each host: None when its link is up, else why not
+    down_since: dict[str, float]  # each host whose link is down: since when (time.time())
 
 
 class HostsStatus(StatusResult, _Links):
@@ -57,6 +59,7 @@ class HostsClient(AgentOps):
         self.clients = dict(clients)
         self.description = ", ".join(self.clients)
         self.down: dict[str, str] = dict.fromkeys(self.clients, "not reached yet")
+        self.down_since: dict[str, float] = dict.fromkeys(self.clients, time.time())
         self.failed: dict[str, str] = {}  # hosts that retrying cannot help (a refused host key)
         self.last: dict[str, StatusResult] = {}  # each host's last answer: shown while its link is down
         self._retrying: dict[str, asyncio.Task[None]] = {}
@@ -70,6 +73,7 @@ class HostsClient(AgentOps):
         async def reach() -> None:
             def failed(exc: TransportError) -> None:
                 self.down[host] = str(exc)
+                self.down_since.setdefault(host, time.time())
 
             try:
                 hello = await self.clients[host].reconnect_until_back(failed)
@@ -78,6 +82,7 @@ class HostsClient(AgentOps):
                 return
             self._hello = self._hello or hello
             self.down.pop(host, None)
+            self.down_since.pop(host, None)
 
         self._retrying[host] = asyncio.create_task(reach())
 
@@ -131,6 +136,7 @@ class HostsClient(AgentOps):
             return await self.clients[host].request(op, **args)
         except TransportError as exc:
             self.down[host] = str(exc)
+            self.down_since.setdefault(host, time.time())
             self._retry(host)
             raise TransportError(f"{host}: {exc}") from None
 
@@ -169,6 +175,7 @@ class HostsClient(AgentOps):
             "gpus": gpus,
             "omitted": sum(status["omitted"] for _, status in known),
             "links": {host: self.down.get(host) or problems.get(host) for host in self.clients},
+            "down_since": {host: since for host, since in self.down_since.items() if host in self.down},
         }
 
     async def _free_gpus(self, args: dict[str, Any]) -> Any:

@@ -1,16 +1,19 @@
 """Multi-node jobs as the console sees them: the runs of several hosts that carry the same job id, gathered into
-one job whose state comes from its nodes (failed when any node failed, naming it; stalled when every node is,
-or for a server when node 0 is, since it alone is watched; ready when node 0 is), with the odd rank out named
-first.
+one job whose state comes from its nodes (failed when any node failed, naming it; stalled when node 0 is, since
+it alone speaks: a server's other nodes are not watched, a training's are silent by design; ready when node 0 is;
+unknown while a host of it cannot be reached), with the odd rank out named first.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import time
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from backends.protocol import TERMINAL_STATES, RunInfo, StalledProcess
+
+UNKNOWN = "unknown"  # a job one of whose hosts cannot be reached: none of its live states can be vouched for
 
 
 @dataclass(frozen=True)
@@ -38,25 +41,44 @@ class Job:
         seen = {node.rank for node in self.nodes}
         return [rank for rank in range(self.nnodes) if rank not in seen]
 
-    def state(self) -> tuple[str, str]:
-        """The job's state and what it rests on (which node failed, who is stalled where)."""
+    def state(self, unreachable: Mapping[str, float] | None = None) -> tuple[str, str]:
+        """The job's state and what it rests on (which node failed, who is stalled where). `unreachable`: the hosts
+        that cannot be reached, each since when; a job with a node there (or a node not seen while one is) is
+        `unknown`, with what was last seen of it."""
+        down = {host: since for host, since in (unreachable or {}).items() if self.missing or host in self.hosts}
+        if down:
+            last, _ = self.seen_state()
+            hosts = ", ".join(f"{host} unreachable since {hms(since)}" for host, since in sorted(down.items()))
+            return UNKNOWN, f"{hosts}; last seen: {last}"
+        return self.seen_state()
+
+    @property
+    def hosts(self) -> set[str]:
+        return {node.host for node in self.nodes}
+
+    def seen_state(self) -> tuple[str, str]:
+        """The job's state as its nodes in view show it."""
         states = [node.run["state"] for node in self.nodes]
         bad = [node for node in self.nodes if node.run["state"] in ("failed", "lost", "corrupt")]
         missing = f"; {', '.join(f'node {r}' for r in self.missing)} not seen" if self.missing else ""
         if bad:
             return "failed", "; ".join(f"{node.label} {node.run['state']}{ending(node.run)}" for node in bad) + missing
-        if states and all(state in TERMINAL_STATES for state in states) and not self.missing:
-            return ("exited" if all(s == "exited" for s in states) else "killed"), ""
+        if states and all(state in TERMINAL_STATES for state in states):  # every node seen has ended
+            return ("exited" if all(s == "exited" for s in states) else "killed"), missing.lstrip("; ")
         first = next((node for node in self.nodes if node.rank == 0), None)
         if states and all(state == "stalled" for state in states) and not self.missing:
             return "stalled", stall_story(self.nodes)
-        if first is not None and first.run["kind"] == "serve" and first.run["state"] == "stalled":
+        if first is not None and first.run["state"] == "stalled":  # node 0 speaks for the job (its others are silent)
             return "stalled", stall_story([node for node in self.nodes if node.run["state"] == "stalled"])
         if first is not None and first.run["state"] == "ready":
             return "ready", missing.lstrip("; ")
         others = [f"{node.label} {node.run['state']}" for node in self.nodes if node.run["state"] != "running"]
         state = "starting" if all(s == "starting" for s in states) else "running"
         return state, "; ".join(others) + missing if others else missing.lstrip("; ")
+
+
+def hms(t: float) -> str:
+    return time.strftime("%H:%M:%S", time.localtime(t))
 
 
 def ending(run: RunInfo) -> str:
@@ -75,7 +97,9 @@ def stall_story(nodes: Sequence[Node]) -> str:
         ranked = [p for p in found if p["rank"] is not None] or found
         places: dict[str, list[StalledProcess]] = {}
         for process in ranked:
-            places.setdefault(process["where"] or "no stack", []).append(process)
+            places.setdefault(process["where"] or f"{process['state']}, no frame in its dump (s shows it)", []).append(
+                process
+            )
         groups += [(node, where, members) for where, members in places.items()]
         if not found:
             groups.append((node, node.run.get("stall_kind") or "silent", []))
@@ -117,32 +141,43 @@ def in_view(run: RunInfo, runs: Iterable[RunInfo]) -> Job | None:
     return next(job for job in gather((r.get("host", ""), [r]) for r in runs) if job.id == node["id"])
 
 
-def node_line(run: RunInfo, runs: Iterable[RunInfo]) -> str | None:
+def shown_state(state: str, detail: str) -> str:
+    """`unknown (b unreachable since 12:00:03; last seen: exited)`: an unknown state says why in the same words."""
+    return f"{state} ({detail})" if state == UNKNOWN else state
+
+
+def node_line(run: RunInfo, runs: Iterable[RunInfo], unreachable: Mapping[str, float] | None = None) -> str | None:
     """`job J: node 1 of 2 · stalled: node 1 (b): rank 1 stopped ...`, of a run that is a node of a job."""
     found = in_view(run, runs)
     if found is None or "job" not in run:
         return None
-    state, detail = found.state()
+    state, detail = found.state(unreachable)
+    if state == UNKNOWN:
+        return f"job {found.id}: node {run['job']['node_rank']} of {found.nnodes} · {shown_state(state, detail)}"
     return f"job {found.id}: node {run['job']['node_rank']} of {found.nnodes} · {state}" + (
         f": {detail}" if detail else ""
     )
 
 
-def jobs_text(jobs: Sequence[Job]) -> str:
+def jobs_text(jobs: Sequence[Job], unreachable: Mapping[str, float] | None = None) -> str:
     """A line per job, then one per node: its host, run and state."""
     lines = []
     for job in jobs:
-        state, detail = job.state()
-        lines.append(f"job {job.id}  {state}  {len(job.nodes)}/{job.nnodes} nodes" + (f"  {detail}" if detail else ""))
+        state, detail = job.state(unreachable)
+        nodes = f"{len(job.nodes)}/{job.nnodes} nodes"
+        if state == UNKNOWN:
+            lines.append(f"job {job.id}  {shown_state(state, detail)}  {nodes}")
+        else:
+            lines.append(f"job {job.id}  {state}  {nodes}" + (f"  {detail}" if detail else ""))
         for node in job.nodes:
             lines.append(f"  node {node.rank}  {node.host}  {node.run['id']}  {node.run['state']}")
     return "\n".join(lines)
 
 
-def jobs_json(jobs: Sequence[Job]) -> list[dict[str, Any]]:
+def jobs_json(jobs: Sequence[Job], unreachable: Mapping[str, float] | None = None) -> list[dict[str, Any]]:
     found = []
     for job in jobs:
-        state, detail = job.state()
+        state, detail = job.state(unreachable)
         nodes = [{"node_rank": n.rank, "host": n.host, "run": n.run["id"], "state": n.run["state"]} for n in job.nodes]
         found.append({"id": job.id, "nnodes": job.nnodes, "state": state, "detail": detail, "nodes": nodes})
     return found

@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import argparse
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -26,6 +27,7 @@ class Link:
     ns: argparse.Namespace
     client: AgentClient
     error: str | None = None
+    error_at: float | None = None  # when it was found unreachable (time.time())
 
     def say(self, text: str) -> None:
         note(f"{self.name}: {text}")
@@ -47,7 +49,7 @@ async def answer(link: Link, ask: Callable[[AgentClient], Awaitable[Any]]) -> An
         await link.client.start()
         return await ask(link.client)
     except (TransportError, AgentError) as exc:
-        link.error = str(exc)
+        link.error, link.error_at = str(exc), time.time()
         return None
 
 

@@ -67,11 +67,12 @@ def report(ns: argparse.Namespace, every: list[Link], answers: list[Any]) -> Non
     found = []
     if ns.command == "status":
         found = jobs.gather((link.name, result["runs"]) for link, result in zip(every, answers, strict=True) if result)
+    down = {link.name: link.error_at for link in every if link.error_at is not None}
     if ns.json:
         hosts = [host_json(link, result) for link, result in zip(every, answers, strict=True)]
-        dump({"hosts": hosts, "jobs": jobs.jobs_json(found)} if ns.command == "status" else {"hosts": hosts})
+        dump({"hosts": hosts, "jobs": jobs.jobs_json(found, down)} if ns.command == "status" else {"hosts": hosts})
         return
-    sections = [f"== jobs\n{jobs.jobs_text(found)}"] if found else []
+    sections = [f"== jobs\n{jobs.jobs_text(found, down)}"] if found else []
     for link, result in zip(every, answers, strict=True):
         if result is None:
             sections.append(f"== {link.name}: cannot be reached: {link.error}")

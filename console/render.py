@@ -6,6 +6,7 @@ faults tests feed them hand-made, hostile ones.
 
 from __future__ import annotations
 
+import math
 import re
 import shlex
 import time
@@ -15,7 +16,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 from backends.protocol import (
-    TERMINAL_STATES,
     Finding,
     FreeGpusResult,
     GpuInfo,
@@ -24,6 +24,7 @@ from backends.protocol import (
     Metric,
     MetricRow,
     RunInfo,
+    nonfinite_spelled,
 )
 from console.host_runs import own_id
 
@@ -64,6 +65,29 @@ def cell(value: object) -> str:
     if isinstance(value, float):
         return f"{value:.4g}"
     return str(value)
+
+
+NONFINITE_MARK = "\u00d7"  # before a metric value that is NaN or infinite, as the charts mark such points
+
+
+def metric_cell(value: object) -> str:
+    """A metric row's value: as `cell` shows it, a NaN or infinite one (a float, or text spelling one) marked."""
+    number = nonfinite_spelled(value) if isinstance(value, str) else value
+    if isinstance(number, float) and not math.isfinite(number):
+        return f"{NONFINITE_MARK}{number}"
+    return cell(value)
+
+
+def nonfinite_note(run: str, rows: Sequence[MetricRow]) -> str | None:
+    """`run R: loss is nan at step 5 (first of 3 NaN or infinite values)`: the rows' NaN and infinities; None when
+    there are none."""
+    bad = [(row, name) for row in rows for name, value in row.items() if metric_cell(value).startswith(NONFINITE_MARK)]
+    if not bad:
+        return None
+    row, name = bad[0]
+    at = f" at step {row[Metric.STEP]}" if Metric.STEP in row else ""
+    more = f" (first of {len(bad)} NaN or infinite values)" if len(bad) > 1 else ""
+    return printable(f"run {run}: {name} is {metric_cell(row[name]).removeprefix(NONFINITE_MARK)}{at}{more}")
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
@@ -255,12 +279,15 @@ def attention_rank(state: str) -> int:
     return 0 if state == "stalled" else 1 if state in FAILED_STATES else 2
 
 
+LIVE_SHOWN = ("ready", "running", "starting")  # the live states the header counts each on its own
+
+
 def attention_counts(runs: Sequence[Mapping[str, Any]]) -> str:
-    """`1 stalled · 1 failed · 3 running`: the runs that need a look, then the live ones (none: empty)."""
-    stalled = sum(r["state"] == "stalled" for r in runs)
-    failed = sum(r["state"] in FAILED_STATES for r in runs)
-    live = sum(r["state"] not in TERMINAL_STATES and r["state"] != "stalled" for r in runs)
-    parts = [(stalled, "stalled"), (failed, "failed"), (live, "running")]
+    """`1 stalled · 1 failed · 1 ready · 2 running`: the runs that need a look, then the live ones by their own
+    state (a ready server is not called running; none: empty)."""
+    states = [r["state"] for r in runs]
+    parts = [(states.count("stalled"), "stalled"), (sum(s in FAILED_STATES for s in states), "failed")]
+    parts += [(states.count(live), live) for live in LIVE_SHOWN]
     return " · ".join(f"{n} {what}" for n, what in parts if n)
 
 
@@ -400,7 +427,7 @@ def metrics_table(rows: Sequence[MetricRow]) -> str:
         value = row.get(column)
         if column == Metric.TIME and isinstance(value, (int, float)):
             return clock(value)  # seconds since 1970 say nothing at a glance
-        return cell(value) if column in row else ""
+        return metric_cell(value) if column in row else ""
 
     return table(columns, [[shown(row, c) for c in columns] for row in rows])
 
@@ -477,13 +504,13 @@ class LiveTable:
         for row in rows:
             keys = list(row) if self.wide else compact_columns(row)
             if any(k.startswith("val_") for k in row):
-                out.append(printable("eval " + "  ".join(f"{k}={cell(row[k])}" for k in keys)))
+                out.append(printable("eval " + "  ".join(f"{k}={metric_cell(row[k])}" for k in keys)))
                 continue
             new = [k for k in keys if k not in self.columns]
             if new or not self.columns:
                 self.columns += new
                 out.append(self._line(self.columns))
-            out.append(self._line([cell(row.get(c)) if c in row else "" for c in self.columns]))
+            out.append(self._line([metric_cell(row.get(c)) if c in row else "" for c in self.columns]))
         return out
 
 

@@ -139,6 +139,22 @@ def test_a_host_that_cannot_be_reached_fails_the_exit_code_and_hides_no_other(la
     assert plans.returncode == 1 and "== a\nno GPUs found" in plans.stdout and "== b: cannot be reached" in plans.stdout
 
 
+def test_a_job_with_a_node_on_a_host_out_of_reach_is_unknown_never_running(laptop: Laptop) -> None:
+    done = laptop.cli("a", "launch", "command", "--job", "j1", "--node-rank", "0", "--nnodes", "2", "--", "true")
+    assert done.returncode == 0, done.stderr
+    deadline = time.monotonic() + 60
+    while json.loads(laptop.cli("a", "status", "--json").stdout)["runs"][0]["state"] != "exited":
+        assert time.monotonic() < deadline
+        time.sleep(0.3)
+    laptop.take_down("b")
+    text = laptop.cli("lab", "status")
+    assert text.returncode == 1
+    line = text.stdout.splitlines()[1]
+    assert line.startswith("job j1  unknown (b unreachable since ") and line.endswith("; last seen: exited)  1/2 nodes")
+    [job] = json.loads(laptop.cli("lab", "status", "--json").stdout)["jobs"]
+    assert job["state"] == "unknown" and job["detail"].endswith("; last seen: exited"), job
+
+
 def lines_of(stream: IO[str]) -> queue.Queue[str]:
     """The stream's lines as they come, read in a thread (a test waits for one with a timeout, never forever)."""
     lines: queue.Queue[str] = queue.Queue()

@@ -12,8 +12,11 @@ from backends.protocol import StalledProcess
 
 STOPPED = "stopped (SIGSTOP, or a debugger holds it)"
 _SECTION = re.compile(r"^=== pid (\d+):", re.MULTILINE)
-_THREAD = re.compile(r'^Thread \S+ \((\w+)\): "MainThread"', re.MULTILINE)
-_FRAME = re.compile(r"^\s+(\S+) \((?:.*/)?([^/]+:\d+)\)")
+# py-spy's thread line: `Thread 769 (idle): "MainThread"`; its status is idle, active, gil or active+gil (a thread
+# busy holding the GIL); a thread whose name py-spy cannot read has none.
+_THREAD = re.compile(r'^Thread \S+ \(([\w+]+)\)(?:: "(.*)")?$', re.MULTILINE)
+_KERNEL_FRAME = re.compile(r"^kernel stack:\n\[<\w+>\] (\w+)", re.MULTILINE)
+_FRAME = re.compile(r"^[ \t]+(\S+) \((?:.*/)?([^/\n]+:\d+)\)")
 
 
 def before_dump(pids: list[int]) -> list[StalledProcess]:
@@ -42,14 +45,16 @@ def with_places(found: list[StalledProcess], dump: str) -> list[StalledProcess]:
 
 
 def place(section: str) -> str | None:
-    """Where a process's dump section puts it: its main thread's innermost frame (py-spy's), else the kernel's
-    wait channel; None when the section says neither."""
-    thread = _THREAD.search(section)
-    if thread is not None:
+    """Where a process's dump section puts it: its main thread's innermost frame (py-spy's; else the first thread
+    with a frame), else the kernel's wait channel or the top of its kernel stack; None when the section says none."""
+    threads = sorted(_THREAD.finditer(section), key=lambda thread: thread.group(2) != "MainThread")
+    for thread in threads:
         frame = _FRAME.match(section[thread.end() :].lstrip("\n"))
         if frame is not None:
-            return f"in {frame.group(1)} ({frame.group(2)}), {thread.group(1)}"
+            named = "" if thread.group(2) in (None, "MainThread") else f" (thread {thread.group(2)})"
+            return f"in {frame.group(1)} ({frame.group(2)}){named}, {thread.group(1)}"
     wchan = re.search(r"^wchan: (\S+)", section, re.MULTILINE)
     if wchan is not None and wchan.group(1) not in ("0", "?"):
         return f"in the kernel's {wchan.group(1)}"
-    return None
+    kernel = _KERNEL_FRAME.search(section)
+    return f"in the kernel's {kernel.group(1)}" if kernel is not None else None

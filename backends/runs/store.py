@@ -46,12 +46,15 @@ from backends.protocol import (
     BENCH_SHOWN,
     PROGRESS_METRICS,
     RUN_KINDS,
+    TERMINAL_STATES,
     BenchResult,
     Diagnosis,
     JobNode,
     Metric,
+    NonfiniteValue,
     RunInfo,
     env_name_problem,
+    nonfinite_spelled,
     parse_source,
     passable_problem,
 )
@@ -358,6 +361,24 @@ class RunDir:
                 break
         return found or None
 
+    def nonfinite(self) -> NonfiniteValue | None:
+        """The newest NaN or infinite value of its last metric rows (as read for its progress: a value that
+        went back to finite over the last PROGRESS_TAIL bytes is no longer news)."""
+        for row in _last_objects(self.file(METRICS), PROGRESS_TAIL):
+            for name, value in row.items():
+                number = nonfinite_spelled(value) if isinstance(value, str) else value
+                if isinstance(number, float) and not math.isfinite(number):
+                    step = row.get(Metric.STEP)
+                    return {"metric": name, "step": step if _is_int(step) else None, "value": str(number)}
+        return None
+
+    def silent_s(self) -> float | None:
+        """Seconds since output.log last changed, by this host's clock; None when there is none."""
+        try:
+            return max(time.time() - self.file(OUTPUT).stat().st_mtime, 0.0)
+        except OSError:
+            return None
+
     def bench(self) -> list[BenchResult]:
         """The latest BENCH_SHOWN bench results, oldest first, each without the served command line (the run's
         own argv says it); read from the end of bench.jsonl."""
@@ -470,6 +491,10 @@ class RunDir:
         stalled = watch.get("stalled_processes")
         if info["state"] == "stalled" and isinstance(stalled, list):
             info["stalled_processes"] = stalled
+        if info["state"] not in TERMINAL_STATES and (silent := self.silent_s()) is not None:
+            info["silent_s"] = round(silent, 1)
+        if nonfinite := self.nonfinite():
+            info["nonfinite"] = nonfinite
         return info
 
 

@@ -83,6 +83,22 @@ def stall_window(spec: RunSpec) -> float | None:
     return DEFAULT_STALL_AFTER_S if spec.kind in WATCHED_KINDS else None
 
 
+def silent_by_design(spec: RunSpec) -> bool:
+    """A training or extraction node of rank >= 1 of a job: its torchrun ranks print nothing (global rank 0 speaks,
+    on node 0) and sit idle whenever they wait for node 0, so neither its silence nor its idleness tells a hang.
+    Only a hang of its own makes it stalled: a process stopped, or GPUs held by kernels that do no work; while
+    node 0 runs, the job runs (node 0's watch speaks for it)."""
+    return spec.kind in ("train", "extract") and spec.job is not None and spec.job["node_rank"] > 0
+
+
+def own_hang(kind: str | None, pids: list[int]) -> str | None:
+    """Of a node silent by design: the way it sits still when that is a hang of its own (spinning, or idle with a
+    process stopped), else None."""
+    if kind == "idle" and not any((stat := procinfo.read_stat(pid)) and stat.state == "T" for pid in pids):
+        return None
+    return kind
+
+
 def health_url(spec: RunSpec) -> str | None:
     """The URL to poll: the one given (any command), else the serving engine's health URL for a serve command,
     as the host reaches it."""
@@ -221,6 +237,7 @@ class RunWatcher:
         self.run = run
         self.sampler = sampler
         self.window = stall_window(spec)
+        self.by_design = silent_by_design(spec)
         self.url = health_url(spec)
         self.serving = spec.kind == "serve"
         self.client: httpx.Client | None = None  # made in the watch's thread at its first poll
@@ -426,6 +443,8 @@ class RunWatcher:
         window = list(self.samples)
         if silent >= self.window and now - window[0].at >= self.window * 0.8:
             kind = sitting_still(window)
+            if self.by_design:
+                kind = own_hang(kind, sorted(members))
             if kind is not None:
                 self._stalled(kind, silent, busiest_cpu_percent(window[0], sample), sample, members)
 

@@ -23,7 +23,7 @@ from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, Vertical
 from textual.widgets import DataTable, Footer, Header, Static
 
-from backends.protocol import TERMINAL_STATES, Metric, MetricRow, RunInfo, StatusResult
+from backends.protocol import TERMINAL_STATES, MetricRow, NonfiniteValue, RunInfo, StatusResult
 from console import jobs, render
 from console.client import AgentClient
 from console.errors import AgentError, TransportError
@@ -31,12 +31,12 @@ from console.hosts_client import HostsClient, HostsStatus
 from console.job_actions import stop_then_relaunch
 from console.ops import AgentOps
 from console.transport import Transport
-from console.tui.chart import ChartPicker, ChartsPanel, RunMetrics, choices, default_charts, nonfinite_loss, spec_label
+from console.tui.chart import ChartPicker, ChartsPanel, RunMetrics, choices, default_charts, nonfinite_value, spec_label
 from console.tui.commands import RunCommands
 from console.tui.dialogs import ConfirmScreen, HelpScreen, RelaunchScreen, TextScreen
 from console.tui.gpu_panel import GpuPanel
 from console.tui.log import FindPrompt, TailLog
-from console.tui.panels import JOB_KEY, RunDetail, RunFacts, RunsTable, health_styles
+from console.tui.panels import JOB_KEY, RunDetail, RunFacts, RunsTable, health_styles, lineage_edits
 from console.tui.progress import Progress, total_steps
 from console.tui.timeline import timeline
 from themes import register_themes
@@ -51,6 +51,7 @@ PROGRESS_CHARS = 200
 MAX_PARTIAL = 64 * 1024  # a line without an end is kept to this length
 KILL_GRACE_S = 10.0
 LOUD_TIMEOUT_S = 15.0  # errors and stalls stay up longer than news
+MAX_LINEAGE = 50  # attempts followed back through their parents for the last one that logged
 FEED_ROWS = 500  # metric rows added to a store between two looks at the screen: a long history loads, the UI lives
 
 
@@ -97,6 +98,7 @@ class ConsoleApp(App[None]):
         self.states: dict[str, str] | None = None  # each run's state at the last poll (None: none yet)
         self.run_metrics: dict[str, RunMetrics] = {}  # each run's metric store, of the runs followed so far
         self.unseen: set[str] = set()  # failures not selected since they failed
+        self.nan_told: set[str] = set()  # runs whose NaN or infinite metric value was raised as news
         self.fates: dict[str, str] = {}  # relaunched run -> the run it replaced, until it is ready or ends
         self.moving_to: str | None = None  # a run just launched: the cursor moves to it once the poll shows it
         self.progress: dict[str, Progress] = {}  # how far each training got: its status, and its rows if followed
@@ -104,8 +106,11 @@ class ConsoleApp(App[None]):
         self.events: list[dict[str, object]] = []  # the followed run's events
         self.exceptions = render.ExceptionFinder()  # the last exception its log names
         self.gpu_error: str | None = None  # why the last status found no GPU, as it said
-        self.quiet_since: float | None = None  # when its output was last seen (or the console opened it)
+        self.down_since: dict[str, float] = {}  # hosts whose link is down, each since when
+        self.polled_at = 0.0  # when the last status came (time.monotonic()): its silences were measured then
+        self.output_seen: float | None = None  # when the followed run's output last came (time.monotonic())
         self.frames_of: tuple[str, float | None] | None = None  # the stall whose top frames are shown
+        self.overlaid: str | None = None  # the attempt whose curves are drawn dimmer under the followed run's
 
     def compose(self) -> ComposeResult:
         yield Header()
@@ -199,8 +204,13 @@ class ConsoleApp(App[None]):
             said = [f"{host}: {why}" for host, why in links.items() if why]
             self.banner(f"{'; '.join(said)}; reconnecting on its own, the other hosts shown" if said else None)
         told = self.announce_fates(status["runs"])
+        for run in status["runs"]:  # a NaN is news for any run, selected or not: the host's status names it
+            if nonfinite := run.get("nonfinite"):
+                self.announce_nonfinite(run["id"], nonfinite)
         self.announce_changes(status["runs"], told)
         self.runs = {run["id"]: run for run in status["runs"]}
+        self.down_since = cast(HostsStatus, status).get("down_since") or {}
+        self.polled_at = time.monotonic()
         self.gpu_error = status.get("gpu_error")
         counts = render.attention_counts(status["runs"])
         self.sub_title = f"{self.where}  ·  {counts}" if counts else self.where
@@ -213,8 +223,7 @@ class ConsoleApp(App[None]):
         progress = {run_id: text for run_id, p in self.progress.items() if (text := p.text(now))}
         with self.batch_update():
             table = self.query_one(RunsTable)
-            down = frozenset(host for host, why in links.items() if why)
-            table.show(status["runs"], status.get("gpus") or [], progress, frozenset(self.unseen), down)
+            table.show(status["runs"], status.get("gpus") or [], progress, frozenset(self.unseen), self.down_since)
             self.query_one(GpuPanel).show(status)
             if self.moving_to in self.runs:
                 self.select_run(self.moving_to)
@@ -284,10 +293,9 @@ class ConsoleApp(App[None]):
 
     def update_facts(self, run: RunInfo) -> None:
         """The followed run's facts as of now: its silence, its parent, the top frames of its stall."""
-        if self.quiet_since is not None:
-            self.facts.silent_s = time.time() - self.quiet_since
+        self.facts.silent_s = self.silence(run)
         self.facts.parent = self.runs.get(run["parent"] or "")
-        self.facts.job = jobs.node_line(run, self.runs.values())
+        self.facts.job = jobs.node_line(run, self.runs.values(), self.down_since)
         self.facts.progress = progress.text(time.time()) if (progress := self.progress.get(run["id"])) else None
         stall = (run["id"], run["stalled_since"])
         if run["state"] != "stalled":
@@ -296,6 +304,16 @@ class ConsoleApp(App[None]):
         elif self.frames_of != stall:
             self.frames_of = stall
             self.fetch_frames(run["id"])
+
+    def silence(self, run: RunInfo) -> float | None:
+        """How long the run's output has been silent: the host's figure at the last poll (its output.log's age by
+        its own clock, whenever the console started looking) plus the time since, or less if output came since."""
+        host = run.get("silent_s")
+        if host is None or run.get("host") in self.down_since:  # a host out of reach: its figure is no longer true
+            return None
+        now = time.monotonic()
+        silent = host + now - self.polled_at
+        return silent if self.output_seen is None else min(silent, now - self.output_seen)
 
     @work(exclusive=True, group="frames")
     async def fetch_frames(self, run_id: str) -> None:
@@ -327,8 +345,8 @@ class ConsoleApp(App[None]):
     async def follow(self, run_id: str) -> None:
         log = self.query_one(TailLog)
         log.clear()
-        self.facts, self.events, self.exceptions = RunFacts(silent_exact=False), [], render.ExceptionFinder()
-        self.quiet_since, self.frames_of = time.time(), None
+        self.facts, self.events, self.exceptions = RunFacts(), [], render.ExceptionFinder()
+        self.output_seen, self.frames_of, self.overlaid = None, None, None
         argv = self.runs[run_id]["argv"] if run_id in self.runs else []
         progress = self.progress.setdefault(run_id, Progress(total_steps(argv)))
         history = True  # the first metrics rows are the run's past: no step rate from them
@@ -360,7 +378,7 @@ class ConsoleApp(App[None]):
             async for msg in sub:
                 if msg["stream"] == "log":
                     partial = self.write_log(log, partial, msg["data_b64"])
-                    self.quiet_since, self.facts.silent_exact = time.time(), True
+                    self.output_seen = time.monotonic()
                 elif msg["stream"] == "events":
                     self.events += [row for row in msg["rows"] if isinstance(row, dict)]
                     self.facts.line = timeline(self.events)
@@ -409,39 +427,71 @@ class ConsoleApp(App[None]):
         got: set[str] = set()
         for row in rows:
             got |= metrics.store.add_row(row)
-        followed = self.runs.get(self.followed or "")
-        if run_id == self.followed or (followed is not None and run_id == followed["parent"]):
+        if run_id in (self.followed, self.overlaid):
             self.query_one(ChartsPanel).touch(got)
-        if run_id == self.followed and not metrics.nan_told and (bad := nonfinite_loss(rows)):
-            metrics.nan_told = True
-            name, row = bad
-            at = f" at step {row[Metric.STEP]}" if Metric.STEP in row else ""
-            text = f"run {run_id}: {name} is {row[name]}{at}"
-            self.notify(text, title="metrics", severity="warning", timeout=LOUD_TIMEOUT_S, markup=False)
+        if run_id == self.followed and (nonfinite := nonfinite_value(rows)):
+            self.announce_nonfinite(run_id, nonfinite)
+
+    def announce_nonfinite(self, run_id: str, nonfinite: NonfiniteValue) -> None:
+        """A run's metric gone NaN or infinite, said once per run."""
+        if run_id in self.nan_told:
+            return
+        self.nan_told.add(run_id)
+        at = f" at step {nonfinite['step']}" if nonfinite["step"] is not None else ""
+        text = render.printable(f"run {run_id}: {nonfinite['metric']} is {nonfinite['value']}{at}")
+        self.notify(text, title="metrics", severity="warning", timeout=LOUD_TIMEOUT_S, markup=False)
 
     @work(exclusive=True, group="lineage")
     async def load_lineage(self, run_id: str, parent_id: str) -> None:
-        """The parent's metrics, read whole once, drawn dimmer under the run's own."""
-        metrics = self.run_metrics.setdefault(parent_id, RunMetrics())
+        """The attempts before the run, back through its parents to the last one that logged metrics: that one's
+        metrics, read whole once, drawn dimmer under the run's own; every edit since, in the detail."""
+        chain: list[RunInfo] = []  # from the parent back, ending at the attempt that logged (or the first)
+        ancestor: str | None = parent_id
+        while ancestor is not None and len(chain) < MAX_LINEAGE:
+            metrics = await self.fetched_metrics(ancestor)
+            info = self.runs.get(ancestor) or await self.run_info(ancestor)
+            if metrics is None or info is None:  # gone: the chain ends before it
+                break
+            chain.append(info)
+            if metrics.store.names():
+                break
+            ancestor = info["parent"]
+        run = self.runs.get(run_id)
+        if not chain or run is None or self.followed != run_id:
+            return
+        logged = self.run_metrics[chain[-1]["id"]].store
+        self.overlaid = chain[-1]["id"] if logged.names() else None
+        self.query_one(ChartsPanel).show(run["kind"], self.run_metrics[run_id].store, logged)
+        self.facts.edits = lineage_edits([*reversed(chain), run]) if len(chain) > 1 else []
+        self.facts.edits_logged = self.overlaid is not None
+        parent_line = timeline(await self.all_events(parent_id))
+        if self.followed == run_id:
+            self.facts.parent_line = parent_line
+            self.show_selected()
+
+    async def fetched_metrics(self, run_id: str) -> RunMetrics | None:
+        """A run's metrics read whole once (None when they are gone)."""
+        metrics = self.run_metrics.setdefault(run_id, RunMetrics())
         while not metrics.fetched:
             await self.connected.wait()
             try:
-                reply = await self.client.metrics(parent_id, offset=metrics.offset)
-            except AgentError:  # its metrics are gone: no overlay
-                return
+                reply = await self.client.metrics(run_id, offset=metrics.offset)
+            except AgentError:
+                return None
             except TransportError:
                 await asyncio.sleep(POLL_S)
                 continue
             metrics.fetched = reply["next_offset"] == metrics.offset
             metrics.receive(reply["rows"], reply["next_offset"])
-            await self.feed(parent_id)
-        if self.followed == run_id:
-            run = self.runs.get(run_id)
-            self.query_one(ChartsPanel).show(run["kind"] if run else "", self.run_metrics[run_id].store, metrics.store)
-        parent_line = timeline(await self.all_events(parent_id))
-        if self.followed == run_id:
-            self.facts.parent_line = parent_line
-            self.show_selected()
+            await self.feed(run_id)
+        return metrics
+
+    async def run_info(self, run_id: str) -> RunInfo | None:
+        """A run the status left out (an old attempt), asked for alone; None when it is gone."""
+        try:
+            return await self.client.run_info(run_id)
+        except (AgentError, TransportError):
+            return None
 
     async def all_events(self, run_id: str) -> list[dict[str, object]]:
         """A run's events as they stand (none when they are gone or the link is down)."""

@@ -30,8 +30,8 @@ from textual.widget import Widget
 from textual.widgets import Input, Label, OptionList
 from textual.widgets.option_list import Option
 
-from backends.protocol import Metric, MetricRow
-from console.tui.metric_store import MetricStore
+from backends.protocol import Metric, MetricRow, NonfiniteValue
+from console.tui.metric_store import MetricStore, series_value
 from console.tui.pacing import until_beat
 from console.tui.plot import Mark, PlotSeries, PlotStyles, XKind, plot_area, render_plot
 
@@ -97,7 +97,6 @@ class RunMetrics:
     store: MetricStore = field(default_factory=MetricStore)
     offset: int = 0
     backlog: deque[MetricRow] = field(default_factory=deque)
-    nan_told: bool = False  # a NaN loss has been raised as news
     fetched: bool = False  # its history was read whole once (a parent's, for the overlay)
 
     def receive(self, rows: Iterable[object], next_offset: int) -> None:
@@ -108,13 +107,14 @@ class RunMetrics:
         return [self.backlog.popleft() for _ in range(min(n, len(self.backlog)))]
 
 
-def nonfinite_loss(rows: Iterable[MetricRow]) -> tuple[str, MetricRow] | None:
-    """The first loss (or val_loss) that is NaN or inf, and its row."""
+def nonfinite_value(rows: Iterable[MetricRow]) -> NonfiniteValue | None:
+    """The first value of a series that is NaN or inf (a float, or text that spells one), with its row's step."""
     for row in rows:
-        for name in (Metric.LOSS, Metric.VAL_LOSS):
-            value = row.get(name)
-            if isinstance(value, float) and not math.isfinite(value):
-                return name, row
+        for name, value in row.items():
+            number = series_value(name, value) if name not in (Metric.STEP, Metric.TIME) else None
+            if number is not None and not math.isfinite(number):
+                step = row.get(Metric.STEP)
+                return {"metric": name, "step": step if isinstance(step, int) else None, "value": str(number)}
     return None
 
 

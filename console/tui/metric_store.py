@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from itertools import pairwise
 
-from backends.protocol import Metric, MetricRow
+from backends.protocol import Metric, MetricRow, nonfinite_spelled
 
 DEFAULT_SMOOTHING = 0.6  # TensorBoard's default weight
 WARMUP_FRACTION = 0.05  # the robust y range leaves out this much of the start of a curve
@@ -320,12 +320,15 @@ def _weight(smoothing: float) -> float:
     return smoothing
 
 
-def _value(name: str, value: object) -> float | None:
-    """A row value as a y, or None if it is not a series (text, None, a flag other than `plateau`)."""
+def series_value(name: str, value: object) -> float | None:
+    """A row value as a y, or None if it is not a series (text other than `nan`/`inf`, None, a flag other than
+    `plateau`)."""
     if isinstance(value, bool):
         return float(value) if name == Metric.PLATEAU else None
     if isinstance(value, float):
         return value
+    if isinstance(value, str):  # NaN or an infinity as a JSON-only writer spells it (our trainer's), else text
+        return nonfinite_spelled(value)
     if isinstance(value, int):
         try:
             return float(value)
@@ -366,7 +369,7 @@ class MetricStore:
         for name, value in row.items():
             if name in (Metric.STEP, Metric.TIME):
                 continue
-            y = _value(name, value)
+            y = series_value(name, value)
             if y is None:
                 continue
             series = self._series.get(name)
@@ -386,5 +389,5 @@ class MetricStore:
 
 def _x(value: object) -> float | None:
     """A row value as an x: a finite number, not a flag."""
-    x = None if isinstance(value, bool) else _value("", value)
+    x = None if isinstance(value, bool) else series_value("", value)
     return x if x is not None and x - x == 0.0 else None

@@ -7,6 +7,7 @@ import textwrap
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import pairwise
 from typing import Any
 
 from rich.text import Text
@@ -101,12 +102,14 @@ JOB_KEY = "job:"  # the row key of a multi-node job's line: JOB_KEY + its id
 NODE_MARK = "└ "  # before the name of a node's run, under its job's line
 
 
-def job_row(job: jobs.Job, progress: Mapping[str, str], marked: bool) -> list[Text]:
-    """A multi-node job's line: its hosts, id, state from its nodes, and node 0's progress or how many nodes (no
-    pid, exit or GPUs: its nodes' rows have them)."""
+def job_row(
+    job: jobs.Job, progress: Mapping[str, str], marked: bool, unreachable: Mapping[str, float] | None = None
+) -> list[Text]:
+    """A multi-node job's line: its hosts, id, state from its nodes (`unknown` while a host of it cannot be
+    reached), and node 0's progress or how many nodes (no pid, exit or GPUs: its nodes' rows have them)."""
     head = job.nodes[0].run
     phase = head.get("phase") or progress.get(head["id"]) or f"{len(job.nodes)}/{job.nnodes} nodes"
-    line = {**head, "id": f"job {job.id}", "state": job.state()[0], "phase": phase, "pid": None}
+    line = {**head, "id": f"job {job.id}", "state": job.state(unreachable)[0], "phase": phase, "pid": None}
     line.update(exit_code=None, error=None, signal=None)
     if "host" in head:
         line["host"] = ",".join(dict.fromkeys(node.host for node in job.nodes))
@@ -159,7 +162,7 @@ class RunsTable(DataTable[Any]):
     gpus: Sequence[GpuInfo] = ()
     progress: Mapping[str, str] = {}
     unseen: frozenset[str] = frozenset()
-    down: frozenset[str] = frozenset()  # hosts whose link is down: their rows are as last seen
+    down: Mapping[str, float] = {}  # hosts whose link is down, each since when: their rows are as last seen
     expanded: frozenset[str] = frozenset()  # jobs shown with their nodes' runs under their line
     drawn: Sequence[tuple[str, RunInfo | jobs.Job]] = ()  # the rows of the last refill, by key (see `lines`)
     filled: tuple[list[list[Text]], dict[str, int]] = ([], {})
@@ -176,12 +179,12 @@ class RunsTable(DataTable[Any]):
         gpus: Sequence[GpuInfo],
         progress: Mapping[str, str] | None = None,
         unseen: frozenset[str] = frozenset(),
-        down: frozenset[str] = frozenset(),
+        down: Mapping[str, float] | None = None,
     ) -> None:
         """`progress`: what each run's rows tell of how far it got; `unseen`: failures not selected yet; `down`:
-        hosts that cannot be reached now."""
+        hosts that cannot be reached now, each since when."""
         self.runs = sorted(runs, key=lambda run: attention_rank(run["state"]))
-        self.gpus, self.progress, self.unseen, self.down = gpus, progress or {}, unseen, down
+        self.gpus, self.progress, self.unseen, self.down = gpus, progress or {}, unseen, down or {}
         self.refill()
 
     def lines(self) -> list[tuple[str, RunInfo | jobs.Job]]:
@@ -226,7 +229,7 @@ class RunsTable(DataTable[Any]):
         rows = []
         for key, item in lines:
             if isinstance(item, jobs.Job):
-                rows.append(job_row(item, self.progress, any(r in self.unseen for r in job_runs(item))))
+                rows.append(job_row(item, self.progress, any(r in self.unseen for r in job_runs(item)), self.down))
                 continue
             row = run_row(item, on_gpus, self.progress.get(key), key in self.unseen, item.get("host") in self.down)
             if "job" in item:  # a node's run under its job's line
@@ -256,6 +259,14 @@ class RunsTable(DataTable[Any]):
         return str(key.value) if key.value is not None else None
 
 
+def lineage_edits(attempts: Sequence[Mapping[str, Any]]) -> list[tuple[str, list[str]]]:
+    """Each attempt of a chain of relaunches, oldest first, with the flags it changed from the one before (the
+    first: none)."""
+    edits: list[tuple[str, list[str]]] = [(attempts[0]["id"], [])]
+    edits += [(after["id"], changed_flags(before["argv"], after["argv"])) for before, after in pairwise(attempts)]
+    return edits
+
+
 def job_runs(job: jobs.Job) -> set[str]:
     return {node.run["id"] for node in job.nodes}
 
@@ -267,13 +278,16 @@ class RunFacts:
 
     line: Timeline | None = None
     silent_s: float | None = None
-    silent_exact: bool = True  # False: silent at least that long (nothing seen since the console opened it)
     frames: list[str] = field(default_factory=list)
     last_exception: str | None = None
     parent: Mapping[str, Any] | None = None
     progress: str | None = None  # what its rows tell of how far it got (step/total, ETA)
     parent_line: Timeline | None = None  # the startup of the run it replaced, to compare phase by phase
     job: str | None = None  # of a node of a multi-node job: the job's state from the nodes in view
+    # Of a relaunch whose parent logged nothing: the attempt whose curves are drawn, then each attempt since with
+    # its edits (the run's own last)
+    edits: list[tuple[str, list[str]]] = field(default_factory=list)
+    edits_logged: bool = True  # the first of `edits` logged metrics (else none of them did)
 
 
 SILENT_SHOWN_S = 5.0  # a run quiet for less is not worth a line
@@ -349,7 +363,7 @@ def detail_text(
     if alive and run.get("health"):
         status += f"  health {run['health']}"  # a dead server answers nothing: its last answer is not shown
     if alive and run["state"] != "ready" and facts.silent_s is not None and facts.silent_s >= SILENT_SHOWN_S:
-        status += f"  silent for {'over ' if not facts.silent_exact else ''}{facts.silent_s:.0f} s"
+        status += f"  silent for {facts.silent_s:.0f} s"
     text.append("\n" + printable(status) + "\n")
     if facts.job:
         text.append(hanging(facts.job, width), style="bold")
@@ -385,6 +399,11 @@ def detail_text(
         changes = changed_flags(facts.parent["argv"], run["argv"]) if facts.parent else []
         changed = f": {', '.join(changes)}" if changes else ""
         text.append(printable(f"relaunch of {run['parent']}{changed}") + "\n")
+    if facts.edits:
+        (logged, _), *since = facts.edits
+        steps = "; ".join(f"{attempt}: {', '.join(edits) or 'no flag changed'}" for attempt, edits in since)
+        base = "the last attempt that logged" if facts.edits_logged else "the first attempt (none logged metrics)"
+        text.append(hanging(f"edits since {logged}, {base}: {steps}", width), style="dim")
     for line in bench_lines((run.get("bench") or [])[-BENCH_SHOWN:], width):
         text.append(printable(line) + "\n")
     command = command_line(run["argv"])
