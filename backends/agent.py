@@ -519,15 +519,21 @@ class Agent:
                 return moved  # look once more before the end: a folder being removed is corrupt for a moment
         if state in TERMINAL_STATES and not moved:
             # Everything written before the end has been delivered: say so once.
-            corrupt = sub.run.info()["corrupt"] if state == "corrupt" else None
+            info = sub.run.info() if state in ("corrupt", "failed") else None
+            corrupt = info["corrupt"] if info is not None else None
             why = f"run {sub.run.id} is corrupt: {corrupt['file']}: {corrupt['reason']}" if corrupt else None
-            await self.end(sub, state, why)
+            await self.end(sub, state, why, info.get("failure") if info is not None else None)
         return moved
 
-    async def end(self, sub: Subscription, state: str | None, error: str | None = None) -> None:
-        """The subscription's last message: the run's state, and `error` when the run did not simply end."""
+    async def end(
+        self, sub: Subscription, state: str | None, error: str | None = None, failure: str | None = None
+    ) -> None:
+        """The subscription's last message: the run's state, `failure` (why a failed run failed), and `error` when
+        the run did not simply end."""
         sub.ended = True
         body: dict[str, Any] = {"run": sub.run.id if sub.run else None, "state": state, "offsets": sub.offsets}
+        if failure is not None:
+            body["failure"] = failure
         if error is not None:
             body["error"] = error
         await self.send(protocol.stream_message(sub.id, "end", body))

@@ -4,8 +4,8 @@ One request per line: {"v": 1, "id": ID, "op": OP, "args": {...}}.
 One reply per request: {"v": 1, "id": ID, "ok": true, "result": {...}}
                     or {"v": 1, "id": ID, "ok": false, "error": {"code", "message"}}.
 Subscriptions push stream messages: {"v": 1, "sub": N, "stream": ..., ...}; the last is
-"end", with the run's state, and an "error" when the stream ended otherwise than with the run
-(its folder removed, a file of its record corrupt, a file that cannot be read).
+"end", with the run's state (and a failed run's "failure" line), and an "error" when the stream ended
+otherwise than with the run (its folder removed, a file of its record corrupt, a file that cannot be read).
 Log bytes travel base64-encoded (they may be invalid UTF-8); metric and event
 rows travel parsed. Offsets are byte offsets into the run's files, so a client
 that reconnects resumes exactly where it stopped.
@@ -255,6 +255,9 @@ class _RunExtras(TypedDict, total=False):
     job: JobNode  # absent for a run of one node
     host: str  # set by a client over several hosts (the run's id is then HOST/RUN); never on the wire
     stalled_processes: list[StalledProcess]  # absent unless the run is stalled
+    # A failed run's one line: why (backends.runs.failure_reason's rule) and its exit code or signal, or why it
+    # could not start; absent for other states and for an exit record written before reasons were
+    failure: str
     silent_s: float  # seconds since its output.log last changed, by the host's clock as of this reply; absent if ended
     nonfinite: NonfiniteValue  # the newest NaN or infinite value its latest metric rows hold; absent when none
 

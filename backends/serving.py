@@ -51,8 +51,16 @@ class OutputReader(Protocol):
     def diagnosis(self, code: str, line: str) -> Diagnosis:
         """What a `failure` event's code means."""
 
+    def cause(self) -> Diagnosis | None:
+        """The first failure seen whose line names what went wrong (not one that only says a process died)."""
+
+    def last_exception(self) -> str | None:
+        """The line that ended the last traceback (a child's, before a launcher's echo of it), or a shell's
+        report of a signal; None when the output had neither."""
+
     def crash_diagnosis(self, returncode: int) -> Diagnosis | None:
-        """Why a server ended with `returncode` when its output named no cause (None: a clean exit, or explained)."""
+        """How a run that ended with `returncode` was killed by a signal, and what to try (None: it exited on its
+        own, or a failure named its cause)."""
 
 
 class ServerMetrics(Protocol):

@@ -179,6 +179,8 @@ async def cmd_logs(client: AgentClient, ns: argparse.Namespace, _: list[str]) ->
         elif msg["stream"] == "end" and msg.get("error"):
             note(msg["error"])
             return EXIT_FAILED
+        elif msg["stream"] == "end" and msg.get("failure"):
+            note(render.printable(f"run {ns.run} failed: {msg['failure']}"))
     return EXIT_OK
 
 
@@ -186,6 +188,7 @@ async def follow_metrics(client: AgentClient, run: str, wide: bool = False) -> i
     """Print metric rows as a live table until the run ends; its fate decides the exit code."""
     table = render.LiveTable(wide)
     final = None
+    failure = ""  # why a failed run failed, as the end says
     nan_told = False  # a NaN or infinity is said once, on stderr, beside its marked cell
     async for msg in follow(client, run, {"log": PAST_END, "events": PAST_END, "metrics": 0}, note):
         if msg["stream"] == "metrics":
@@ -200,7 +203,8 @@ async def follow_metrics(client: AgentClient, run: str, wide: bool = False) -> i
                 note(msg["error"])
                 return EXIT_FAILED
             final = msg["state"]
-    note(f"run {run} {final}")
+            failure = f": {msg['failure']}" if msg.get("failure") else ""
+    note(render.printable(f"run {run} {final}{failure}"))
     return EXIT_OK if final == "exited" else EXIT_FAILED
 
 
@@ -281,7 +285,9 @@ async def follow_startup(client: AgentClient, run: str) -> int:
     offsets = {"log": PAST_END, "metrics": PAST_END, "events": 0}
     async for msg in follow(client, run, offsets, note):
         if msg["stream"] == "end":
-            note(msg.get("error") or f"run {run} {msg['state']} before it was ready; see `logs {run}`")
+            why = f": {msg['failure']}" if msg.get("failure") else ""
+            ended = msg.get("error") or f"run {run} {msg['state']} before it was ready{why}; see `logs {run}`"
+            note(render.printable(ended))
             return EXIT_FAILED
         for event in msg.get("rows", []) if msg["stream"] == "events" else []:
             line = render.startup_event(event)

@@ -320,8 +320,8 @@ def state_changes(before: dict[str, str], runs: Sequence[Mapping[str, Any]]) -> 
         if was == now:
             continue
         why = f" in {run['phase']}" if now == "stalled" and run.get("phase") else ""
-        if now == "failed" and run.get("diagnoses"):
-            why = f": {run['diagnoses'][0]['code']}"
+        if now == "failed" and (run.get("failure") or run.get("diagnoses")):
+            why = f": {run.get('failure') or run['diagnoses'][0]['code']}"
         move = f"{was} → {now}" if was is not None else f"new {run['kind']} run, {now}"
         severity = ANNOUNCED.get(now) if was is not None else None
         text = printable(f"{run['name']} ({run['id']}): {move}{why}")
@@ -329,12 +329,15 @@ def state_changes(before: dict[str, str], runs: Sequence[Mapping[str, Any]]) -> 
     return changes
 
 
-def run_notes(runs: Sequence[Mapping[str, Any]]) -> list[str]:
-    """What a person must see about a run beyond its row: a stall and its stacks, failures explained."""
+def run_notes(runs: Sequence[Mapping[str, Any]], failures: bool = True) -> list[str]:
+    """What a person must see about a run beyond its row: a stall and its stacks, why it failed (unless
+    `failures` is False: a line already said it), failures explained."""
     notes: list[str] = []
     for r in runs:
         if r["state"] == "stalled":
             notes.append(f"run {r['id']} {stall_text(r)}")
+        if failures and r["state"] == "failed" and r.get("failure"):
+            notes.append(f"run {r['id']} failed: {r['failure']}")
         for d in r.get("diagnoses") or []:
             notes.append(f"run {r['id']}: {d['code']}: {d['meaning']}; try: {d['hint']}")
         if r.get("corrupt"):

@@ -60,5 +60,5 @@ def watch_lines(states: dict[str, str] | None, runs: Sequence[Mapping[str, Any]]
             lines.append(json.dumps({"t": round(now, 3), "from": change.was, "to": run["state"], "run": run}))
         else:
             lines.append(f"{render.clock(now)} {change.text}")
-            lines.extend(f"    {line}" for line in render.run_notes([run]))
+            lines.extend(f"    {line}" for line in render.run_notes([run], failures=False))
     return lines

@@ -7,7 +7,7 @@
         events.jsonl   launch, state changes, signals sent, exit
         metrics.jsonl  metric rows written by the run
         metrics_source.json  how far the supervisor has turned another trainer's output into metric rows
-        exit.json      how the child ended
+        exit.json      how the child ended (and, when it failed, why: `failure_reason`)
         supervisor.log the supervisor's own errors, if any
 
 Everything the agent reports is derived from these files plus a check of
@@ -58,6 +58,7 @@ from backends.protocol import (
     parse_source,
     passable_problem,
 )
+from backends.runs.failure_reason import failure_line
 from backends.runs.job import node_problem
 
 DEFAULT_WORKDIR = Path("~/.eagle3-console")
@@ -491,6 +492,8 @@ class RunDir:
         stalled = watch.get("stalled_processes")
         if info["state"] == "stalled" and isinstance(stalled, list):
             info["stalled_processes"] = stalled
+        if info["state"] == "failed" and (failure := failure_line(ended)) is not None:
+            info["failure"] = failure
         if info["state"] not in TERMINAL_STATES and (silent := self.silent_s()) is not None:
             info["silent_s"] = round(silent, 1)
         if nonfinite := self.nonfinite():

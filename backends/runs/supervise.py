@@ -3,7 +3,8 @@
 Started by the agent in its own session, it starts the child with stdout and
 stderr going straight to output.log (a file, so the child outlives us), records
 both identities in proc.json, keeps the run's watch (`backends.runs.watch`: phases,
-health, stalls), waits, and writes exit.json. With --detach it
+health, stalls), waits, and writes exit.json, with why the run failed when it did
+(`backends.runs.failure_reason`). With --detach it
 forks first and returns at once, so the agent never has a zombie to reap.
 """
 
@@ -23,7 +24,7 @@ from backends.fileio import atomic_write_json, open_private
 from backends.host import diskspace, procinfo
 from backends.host.gpus import GpuSampler
 from backends.protocol import ENV_METRICS_FILE
-from backends.runs import watch
+from backends.runs import failure_reason, watch
 from backends.runs.metrics_sources import MetricsFollower
 from backends.runs.store import ENV_RUN_DIR, ENV_RUN_ID, EXIT, METRICS, OUTPUT, PROC, SUPERVISOR_LOG, RunDir, StoreError
 
@@ -117,6 +118,7 @@ class Supervisor:
         except StoreError as exc:  # missing, corrupt, or writable by others
             return self.fail(str(exc))
         cwd = spec.cwd or str(Path.home())
+        env = child_env(run, spec.env, spec.gpus)
         try:
             with open(run.file(OUTPUT), "ab", buffering=0) as log:
                 child = subprocess.Popen(
@@ -125,7 +127,7 @@ class Supervisor:
                     stdout=log,
                     stderr=subprocess.STDOUT,
                     cwd=cwd,
-                    env=child_env(run, spec.env, spec.gpus),
+                    env=env,
                     start_new_session=True,
                 )
         except OSError as exc:
@@ -166,6 +168,9 @@ class Supervisor:
         ended: dict[str, object] = {"code": code, "signal": None, "error": None, "ended_at": time.time()}
         if code < 0:
             ended.update(code=None, signal=signal.Signals(-code).name.removeprefix("SIG"))
+        if code != 0:  # read by whoever sees the run failed, in the same record
+            reader = watcher.reader if watcher is not None else None
+            ended["reason"] = failure_reason.reason(run.file(OUTPUT), reader, spec.argv, env)
         self.event("exit", code=ended["code"], signal=ended["signal"])
         self.disk_full = self.disk_full or diskspace.full_now(run.path)
         if self.disk_full is not None:

@@ -18,9 +18,10 @@ called stalled. Output or activity after a stall is recorded as a resume.
 
 The watch's verdict is `watch.json` in the run folder (state, phase, health,
 stall), written atomically on every change; its events go to events.jsonl.
-When the run ends, a server that crashed with no failure recognised is
-diagnosed from its output (its reader's `crash_diagnosis`) before exit.json is written,
-and watch.json's state becomes the run's final one.
+When the run ends, a run killed by a signal we did not send, with no failure
+recognised, is diagnosed (its reader's `crash_diagnosis`) before exit.json is written;
+the supervisor asks the same reader why the run failed (`failure_reason`); and
+watch.json's state becomes the run's final one.
 """
 
 from __future__ import annotations
@@ -288,10 +289,8 @@ class RunWatcher:
         self._read_output()  # the last lines before the exit still count (a failure printed as it died)
 
     def explain_exit(self, returncode: int) -> None:
-        """Before exit.json is written (whoever sees the end finds it explained): a server that exited non-zero
-        with no failure recognised that names its cause gets a `crashed` diagnosis; not one we signalled."""
-        if not self.serving:
-            return
+        """Before exit.json is written (whoever sees the end finds it explained): a run of any kind killed by a
+        signal, with no failure recognised that names its cause, gets a `crashed` diagnosis; not one we signalled."""
         try:
             if signalled_by_us(self.run):
                 return

@@ -5,8 +5,9 @@ are the same for every run kind, so training runs are read with the same table.
 `OutputReader` is fed the output as it arrives (bytes, `\\r` progress bars
 included) and reports each phase change and each failure once; it also keeps
 the lines that end a crash (each traceback's exception line, a shell's report
-of a signal), so that a server that exits non-zero with no failure recognised
-is still explained (`crash`): `crashed: RuntimeError: ...`.
+of a signal): the last of them is a failed run's reason when no failure that
+names its cause was recognised (`backends.runs.failure_reason`), and a run
+killed by a signal that was not ours is explained (`crash`): `crashed: ...SIGKILL`.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ class Failure:
     words: tuple[str, ...]  # a line the pattern matches holds one of these (the cheap test before the pattern)
     meaning: str
     hint: str
-    # False: the line says that a process died, not why; a crash diagnosis then adds its last exception line.
+    # False: the line says that a process died, not why; the run's last exception line then says why.
     names_cause: bool = True
 
 
@@ -259,6 +260,7 @@ class OutputReader:
     # weights before it, so a memory pool after the draft's weights is the target's until then.
     target_pool: bool = False
     seen: set[str] = field(default_factory=set)
+    first_cause: Diagnosis | None = None  # the first failure seen that names its cause
     # The lines that end a crash, newest last: each traceback's exception line, a shell's report of a signal.
     crash_lines: deque[str] = field(default_factory=lambda: deque(maxlen=16))
     _traceback: int | None = None  # lines read inside the traceback being read; None: outside one
@@ -289,6 +291,8 @@ class OutputReader:
         if known is not None and known.code not in self.seen:
             self.seen.add(known.code)
             events.append(Event("failure", known.code, message))
+            if known.names_cause and self.first_cause is None:
+                self.first_cause = self.diagnosis(known.code, message)
         if message.startswith(DECODE_LINE):
             figures = {k: float(m.group(1)) for k, pattern in DECODE_FIGURES.items() if (m := pattern.search(message))}
             return [*events, Event("decode", "decode", message, figures)] if figures else events
@@ -346,8 +350,20 @@ class OutputReader:
         known = failure(code)
         return Diagnosis(code=known.code, meaning=known.meaning, hint=known.hint, line=line)
 
+    def cause(self) -> Diagnosis | None:
+        """The first failure seen whose line names what went wrong (not one that only says a process died)."""
+        return self.first_cause
+
+    def last_exception(self) -> str | None:
+        """The line that ended the last traceback (a child's, before a launcher's line that only says the child
+        died), or a shell's report of a signal; None when the output had neither."""
+        consequences = [f.pattern for f in FAILURES if not f.names_cause]
+        causes = [line for line in self.crash_lines if not any(pattern.search(line) for pattern in consequences)]
+        last = (causes or list(self.crash_lines))[-1:]
+        return last[0] if last else None
+
     def crash_diagnosis(self, returncode: int) -> Diagnosis | None:
-        """Why a server that ended with `returncode` crashed, when its output named no cause (`crash`)."""
+        """How a run that ended with `returncode` was killed by a signal, and what to try (`crash`)."""
         found = crash(self, returncode)
         if found is None:
             return None
@@ -378,7 +394,7 @@ SIGNAL_HINTS["SIGABRT"] = SIGNAL_HINTS["SIGBUS"] = SIGNAL_HINTS["SIGSEGV"]
 
 @dataclass(frozen=True)
 class Crash:
-    """How a server that exited non-zero ended, when no failure that names a cause was recognised."""
+    """How a run that exited non-zero was killed by a signal, when no failure that names a cause was recognised."""
 
     meaning: str
     hint: str
@@ -386,28 +402,25 @@ class Crash:
 
 
 def crash(reader: OutputReader, returncode: int) -> Crash | None:
-    """The crash diagnosis of a server that ended with `returncode` (negative: killed by that signal), from the
-    last exception line of its output (a child's, before the launcher's line that only says the child died),
-    else a shell's report of a signal, else how it ended; None for a clean exit or a failure already explained."""
+    """The crash diagnosis of a run killed by a signal: its own (`returncode` negative), a shell's report of a
+    child killed (its last exception line `Killed`), or a shell's exit code 128+N; with what that signal usually
+    means. None for an exit of its own (its failure line, its last exception or error line, says why) or a
+    failure already explained."""
     if returncode == 0 or any(failure(code).names_cause for code in reader.seen):
         return None
     killer = ending_signal(returncode)
     how = f"signal {killer}" if returncode < 0 else f"exit code {returncode}"
     if returncode > 0 and killer is not None:
         how += f" (128+{returncode - 128}: {killer})"
-    consequences = [f.pattern for f in FAILURES if not f.names_cause]
-    causes = [line for line in reader.crash_lines if not any(pattern.search(line) for pattern in consequences)]
-    last = (causes or list(reader.crash_lines))[-1:]
-    if not last:
-        hint = SIGNAL_HINTS.get(killer or "", "the last lines of its log say why")
-        return Crash(f"the server ended with {how} and printed no exception", hint, "")
-    line = last[0]
+    line = reader.last_exception()
     if line in SHELL_SIGNALS:
         name = "SIG" + SHELL_SIGNALS[line]
-        return Crash(
-            f"{line}: a process of the server was killed by {name}; it ended with {how}", SIGNAL_HINTS[name], line
-        )
-    return Crash(line, f"read its traceback, just above that line in the log: it says where (then {how})", line)
+        meaning = f"{line}: a process of the run was killed by {name}; it ended with {how}"
+        return Crash(meaning, SIGNAL_HINTS[name], line)
+    if killer is None:
+        return None
+    hint = SIGNAL_HINTS.get(killer, "the last lines of its log say what it was doing")
+    return Crash(f"the run ended with {how}, a signal this console did not send", hint, "")
 
 
 def ending_signal(returncode: int) -> str | None:

@@ -240,7 +240,8 @@ class ConsoleApp(App[None]):
             del self.fates[run["id"]]
             told.add(run["id"])
             failed = run["state"] in render.FAILED_STATES
-            how = f"{run['state']}" + (f" ({render.exit_text(run)})" if run["state"] in TERMINAL_STATES else "")
+            ended = f" ({render.exit_text(run)})" if run["state"] in TERMINAL_STATES else ""
+            how = run["state"] + (f": {run['failure']}" if run.get("failure") else ended)
             self.notify(
                 render.printable(f"run {run['id']}, the relaunch of {parent}: {how}"),
                 title="relaunch",

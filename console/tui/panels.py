@@ -317,6 +317,9 @@ class RunDetail(Static):
 
 
 def ended_text(run: Mapping[str, Any]) -> str:
+    """How the run ended: for a failed run, why (the host's one line, with its exit code or signal)."""
+    if run.get("failure"):
+        return str(run["failure"])
     if run.get("signal"):
         return f"ended by signal SIG{run['signal']}"
     if run.get("exit_code") is not None:
@@ -389,9 +392,9 @@ def detail_text(
     for diagnosis in run.get("diagnoses") or []:
         text.append(printable(f"{diagnosis['code']}: {diagnosis['meaning']}") + "\n", style="bold red")
         text.append(hanging(f"  try: {diagnosis['hint']}", width))
-    if run.get("error"):
+    if run.get("error") and run["error"] != run.get("failure"):
         text.append(printable(f"error: {run['error']}") + "\n", style="red")
-    if not alive and facts.last_exception:
+    if not alive and facts.last_exception and not run.get("failure"):  # the host's line says why, by its rule
         text.append(printable(f"last exception: {facts.last_exception}") + "\n", style="red")
     if run.get("corrupt"):
         text.append(printable(corrupt_text(run)) + "\n", style="bold red")
