@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import shlex
 
 import pytest
 from hypothesis import assume, given, settings
@@ -177,3 +178,68 @@ def test_no_secret_value_survives_in_a_message_that_quotes_it(value: str) -> Non
     assume(not re.match(r"--[A-Za-z]", value))  # that would read as the next option, not a value
     argv = ["serve", "--api-key", value, f"--hf-token={value}x"]
     assert value not in mask_text(f"bad: {' '.join(argv)}", argv)
+
+
+# ----- secrets inside a command line given as one word: `bash -c '...'` -----
+
+plain_words = st.sampled_from(
+    ["python3", "-m", "sglang.launch_server", "--port", "8000", "cd", "/srv", "&&", ";", "exec", ">", "log", "2>&1"]
+)
+secrets = st.text(st.characters(codec="utf-8", exclude_characters="\0"), min_size=4, max_size=16).filter(
+    lambda s: not re.match(r"--[A-Za-z]", s) and s.strip() == s and s != MASK and MASK not in s
+)
+
+
+def shell_words(text: str) -> list[str]:
+    lexer = shlex.shlex(text, posix=True, punctuation_chars=True)
+    lexer.whitespace_split = True
+    return list(lexer)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    before=st.lists(plain_words, max_size=6),
+    after=st.lists(plain_words, max_size=6),
+    secret=secrets,
+    form=st.sampled_from(["--api-key {}", "--hf-token={}", "HF_TOKEN={}", "export OPENAI_API_KEY={};"]),
+)
+def test_a_shell_string_keeps_its_shape_and_loses_its_secret(
+    before: list[str], after: list[str], secret: str, form: str
+) -> None:
+    """Whatever the secret's characters (quoted as shlex.join quotes them), it leaves the string and only it does."""
+    head, _, tail = form.partition("{}")
+    quoted = shlex.quote(secret)
+    text = " ".join(before) + f" {head}{quoted}{tail} " + " ".join(after)
+    assume(secret not in " ".join(before + after) + head + tail)
+    [shell, flag, masked] = mask_argv(["bash", "-c", text])
+    assert (shell, flag) == ("bash", "-c")
+    assert secret not in masked
+    # The words around the secret are the same words, in the same places.
+    masked_words, words = shell_words(masked), shell_words(text)
+    assert len(masked_words) == len(words)
+    changed = [(w, m) for w, m in zip(words, masked_words, strict=True) if w != m]
+    assert len(changed) == 1 and changed[0][1] == changed[0][0].replace(secret, MASK)
+
+
+@given(st.lists(plain_words | st.sampled_from(["--tokenizer-path", "/models/tok", "'a b'", '"$PORT"']), max_size=12))
+def test_a_shell_string_without_secrets_is_left_exactly_as_written(words: list[str]) -> None:
+    text = " ".join(words)
+    assert mask_argv(["sh", "-c", text]) == ["sh", "-c", text]
+
+
+def test_secrets_in_a_shell_string_are_masked_where_written() -> None:
+    text = "cd /srv && HF_TOKEN=hf_abc exec python3 -m sglang.launch_server --api-key 'sk 1' --port 8 > log 2>&1"
+    assert mask_argv(["bash", "-c", text]) == [
+        "bash",
+        "-c",
+        "cd /srv && HF_TOKEN=*** exec python3 -m sglang.launch_server --api-key '***' --port 8 > log 2>&1",
+    ]
+    # Inside a container's command too, and in a message that quotes it.
+    argv = ["docker", "run", "img", "sh", "-c", "python3 -m sglang.launch_server --api-key sk-9 --port 8"]
+    assert "sk-9" not in " ".join(mask_argv(argv))
+    assert "sk-9" not in mask_text("refused: --api-key sk-9", argv)
+
+
+def test_a_spaced_value_of_a_secret_flag_is_hidden_whole_in_a_message() -> None:
+    argv = ["serve", "--api-key=two words", "--hf-token", "a b"]
+    assert mask_text("got --api-key=two words --hf-token a b", argv) == f"got --api-key={MASK} --hf-token {MASK}"
