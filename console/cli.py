@@ -71,6 +71,9 @@ Handler = Callable[[AgentClient, argparse.Namespace, list[str]], Awaitable[int]]
 async def cmd_launch(client: AgentClient, ns: argparse.Namespace, argv: list[str]) -> int:
     if not argv:
         raise UsageError("launch needs the command after '--', e.g. launch command -- python train.py")
+    if ns.sglang_python is not None and ns.kind != "serve":
+        why = f"--sglang-python names the Python of SGLang's server: it goes with launch serve, not {ns.kind}"
+        raise UsageError(why)
     result = await client.launch(
         ns.kind,
         argv,

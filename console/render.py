@@ -530,6 +530,8 @@ def startup_event(event: dict[str, Any]) -> str | None:
         return f"{at}  STALLED in {event.get('phase') or 'an unknown phase'} after {event['silent_s']} s of silence"
     if kind == "diagnosis":
         return f"{at}  {event['code']}: {event['meaning']}; try: {event['hint']}"
+    if kind == "unwatched":
+        return f"{at}  {event['message']}"
     return None
 
 
@@ -537,7 +539,8 @@ def flags_text(flags: Finding) -> str:
     """SGLang's parser on a serve command's flags (its refusal, its warnings, or why it was not asked), and for a
     warning what to write instead."""
     text = f"{flags['severity']}: {flags['message']}"
-    return text + (f"\n  fix: {flags['fix']}" if flags["severity"] == "warning" and flags.get("fix") else "")
+    # An error's fix is said by the refusal itself; a warning's and an unchecked launch's are what to do.
+    return text + (f"\n  fix: {flags['fix']}" if flags["severity"] != "error" and flags.get("fix") else "")
 
 
 def relaunch_preview(result: Mapping[str, Any]) -> str:

@@ -15,7 +15,13 @@ from hypothesis import strategies as st
 
 from backends import serving
 from backends.argv_edit import edit_argv, flag_value
+from backends.runs.store import RunDir
 from backends.sglang import launch
+from console import render
+from console.tui.panels import RunFacts, detail_text
+from console.tui.timeline import timeline
+from tests.conftest import CLI, run_info, wait_for
+from tests.conftest import launch as launch_run
 
 FLAGS = [
     "--model-path",
@@ -173,3 +179,49 @@ def test_the_flags_read_are_the_flags_written_in_every_shape(flags: list[str]) -
             continue  # a shell string's operators end the command; an empty word is lost by shlex's operator mode
         assert found is not None and list(found.flags or ()) == flags, argv
         assert flag_value(["", *(found.flags or ())], ("--port",)) == found.flag("--port")
+
+
+# ----- what the console says of a launch it cannot watch or check -----
+
+
+def test_a_serve_run_whose_health_cannot_be_polled_says_so_once_in_follow_and_detail(
+    cli: CLI, workdir: Path, tmp_path: Path
+) -> None:
+    """Real: the CLI, the agent, the supervisor and its watch writing the run's events; the wrapper a shell script."""
+    wrapper = tmp_path / "start-server.sh"
+    wrapper.write_text("#!/bin/sh\necho starting; sleep 30\n")
+    wrapper.chmod(0o755)
+    run_id = launch_run(cli, "serve", "--", str(wrapper), "--port", "8123")
+    events = wait_for(
+        lambda: [e for e in RunDir(workdir / "runs" / run_id).events() if e["type"] == "unwatched"], what="unwatched"
+    )
+    cli("kill", run_id, "--grace", "1")
+    [said] = events  # once
+    assert "no health poll for wrapper script" in said["message"] and "--health-url URL" in said["message"]
+    followed = render.startup_event(said)
+    assert followed is not None and followed.endswith(said["message"])
+    all_events = RunDir(workdir / "runs" / run_id).events()
+    info = {**run_info(cli, run_id), "state": "running"}
+    shown = detail_text(info, RunFacts(line=timeline(all_events)), width=200).plain
+    assert said["message"] in shown
+    # The parser could not be asked either, and why.
+    assert "info: flags not checked: the command is wrapper script: SGLang's flags are not on its command" in shown
+
+
+def test_the_launch_reply_says_what_makes_an_unchecked_launch_checkable(cli: CLI) -> None:
+    argv = ["docker", "run", "-p", "30000:30000", "lmsysorg/sglang", "sglang", "serve", "--model-path", "/m"]
+    result = cli("launch", "serve", "--", *argv)
+    assert result.returncode == 0, result.stderr
+    cli("kill", result.stdout.decode().strip(), "--grace", "1")
+    said = result.stderr.decode()
+    assert "info: flags not checked: the Python that runs SGLang is not known: SGLang runs inside the container" in said
+    assert "\n  fix: give --sglang-python PATH, a host Python with the image's SGLang" in said
+
+
+def test_sglang_python_on_a_run_that_serves_nothing_is_a_usage_error(cli: CLI, workdir: Path) -> None:
+    result = cli("launch", "train", "--sglang-python", "/srv/py", "--", "python3", "train.py")
+    assert result.returncode == 2
+    assert result.stderr.decode().strip().splitlines() == [
+        "eagle3-console: --sglang-python names the Python of SGLang's server: it goes with launch serve, not train"
+    ]
+    assert not (workdir / "runs").exists() or not any((workdir / "runs").iterdir())

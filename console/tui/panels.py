@@ -375,6 +375,10 @@ def detail_text(
     if facts.line is not None and run["kind"] == "serve":
         for line in summary_lines(facts.line, now, width):
             text.append(printable(line) + "\n")
+        for note, fix in facts.line.notes:
+            text.append(hanging(note, width), style="yellow")
+            if fix:
+                text.append(hanging(f"  fix: {fix}", width), style="dim")
         if facts.parent_line is not None and facts.parent_line.phases:
             compared = comparison_steps(facts.line, facts.parent_line, now)
             for line in wrap_steps(["vs the run it replaced:", *compared], width):

@@ -41,6 +41,9 @@ class Timeline:
     ready_at: float | None = None
     ended_at: float | None = None
     health: list[HealthMark] = field(default_factory=list)
+    # What the host said once of the launch: SGLang's parser on its flags (a warning, or why it was not asked,
+    # each with what to do) and what the watch cannot do for it (`unwatched`: no health poll, and why).
+    notes: list[tuple[str, str | None]] = field(default_factory=list)
 
     @property
     def time_to_ready(self) -> float | None:
@@ -86,6 +89,11 @@ def timeline(events: Iterable[Mapping[str, Any]]) -> Timeline:
                 found.ready_at = float(at)
             else:
                 current = (name, float(at))
+        elif kind == "flags" and isinstance(message := row.get("message"), str):
+            fix = row.get("fix")
+            found.notes.append((f"{row.get('severity', 'info')}: {message}", fix if isinstance(fix, str) else None))
+        elif kind == "unwatched" and isinstance(message := row.get("message"), str):
+            found.notes.append((message, None))
         elif kind == "health" and isinstance(status := row.get("status"), str):
             found.health.append(HealthMark(float(at), status))
         elif kind == "state" and row.get("state") == "ready" and found.ready_at is None:
