@@ -5,6 +5,7 @@ real sshd hosts is in test_many_hosts."""
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import signal
 import subprocess
@@ -16,7 +17,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from backends.protocol import RunInfo, StalledProcess
+from backends.protocol import OPS, RunInfo, StalledProcess
 from backends.runs import job, stalled
 from backends.runs.control import OpError, checked_spec
 from backends.runs.store import RunSpec, SpecError
@@ -42,9 +43,9 @@ def test_a_node_record_takes_no_other_shape() -> None:
 
 
 def launch_args(**given: Any) -> dict[str, Any]:
-    base = dict.fromkeys(("name", "cwd", "health_url", "stall_after", "module", "python", "nproc", "metrics_from"))
-    base |= dict.fromkeys(("job", "node_rank", "nnodes", "rendezvous"))
-    return {**base, "kind": "train", "argv": ["--steps", "1"], "env": {}, "gpus": [], "force": False, **given}
+    """A launch request's arguments as the agent receives them: the protocol's defaults, then `given`."""
+    base = {name: copy.deepcopy(default) for name, (_, _, default) in OPS["launch"].items()}
+    return {**base, "kind": "train", "argv": ["--steps", "1"], **given}
 
 
 def test_a_node_of_our_training_runs_torchrun_at_the_rendezvous_in_its_host_order() -> None:
