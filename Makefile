@@ -25,6 +25,9 @@ SGLANG_REAL_TORCH ?= torch==2.14.1 torchvision==0.29.1
 # pip's cache would hold a second copy of every wheel it downloads (several GB for the real tier's
 # CUDA build of torch): CI machines have run out of disk with it.
 export PIP_NO_CACHE_DIR := 1
+# Two cores is what CI has (and the least a developer has).
+JOBS ?= 2
+TEST_WORKERS ?= 2
 
 $(VENV)/.installed: pyproject.toml constraints-test.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -71,20 +74,26 @@ $(SGLANG_REAL)/.installed: sglang-real-requirements.txt
 	$(SGLANG_REAL)/bin/python -W ignore -c "import sglang.srt.models.llama_eagle3, sglang.srt.model_loader.loader"
 	touch $@
 
-$(SSHD):
-	$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -q openssh-server || \
-		($(SUDO) apt-get update -q && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -q openssh-server)
+# The end-to-end console tests drive the console in a tmux terminal. One apt-get for both: two at once (make -j)
+# would fight over dpkg's lock.
+$(SSHD) $(TMUX) &:
+	$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -q openssh-server tmux || \
+		($(SUDO) apt-get update -q && \
+		 $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -q openssh-server tmux)
 
-# The end-to-end console tests drive the console in a tmux terminal.
-$(TMUX):
-	$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -q tmux || \
-		($(SUDO) apt-get update -q && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -q tmux)
+TEST_NEEDS := $(VENV)/.installed $(SGLANG_PARSER)/.installed $(SGLANG_REAL)/.installed $(SSHD) $(TMUX)
 
-unit: $(VENV)/.installed $(SGLANG_PARSER)/.installed $(SGLANG_REAL)/.installed $(SSHD) $(TMUX)
+# The suite mostly waits on processes, SSH and tmux: it runs on TEST_WORKERS workers (pytest-xdist), a worker
+# that runs out of tests taking some of the other's (worksteal: a few tests take a minute, most a second).
+unit: $(TEST_NEEDS)
 	EAGLE3_SGLANG_PARSER_PATH=$(abspath $(SGLANG_PARSER)) EAGLE3_SGLANG_PYTHON=$(abspath $(SGLANG_REAL))/bin/python \
-		$(PY) -m pytest -q
+		$(PY) -m pytest -q -n $(TEST_WORKERS) --dist worksteal
 
-test: lint typecheck unit
+# CI's budget is 15 minutes on 2 cores, installs included: the installs, lint and type-check run two at a time
+# (the real tier's install does not wait for .venv), then the suite has both cores to itself.
+test:
+	$(MAKE) -j$(JOBS) $(TEST_NEEDS) lint typecheck
+	$(MAKE) unit
 
 clean:
 	rm -rf $(VENV) $(SGLANG_PARSER) $(SGLANG_REAL) $(DEMO_WORKDIR) .mypy_cache .ruff_cache .pytest_cache .hypothesis

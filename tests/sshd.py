@@ -87,6 +87,9 @@ def start_sshd(folder: Path) -> Sshd:
         "StrictModes no\nUsePAM no\nPasswordAuthentication no\nKbdInteractiveAuthentication no\n"
         "PubkeyAuthentication yes\nPermitRootLogin prohibit-password\nSubsystem sftp internal-sftp\n"
         "LogLevel ERROR\n"
+        # The host's caches (serve-flag verdicts, py-spy) stay with this server, not in the real HOME where other
+        # suites (pytest-xdist's other workers) would share them.
+        f"SetEnv XDG_CACHE_HOME={server / 'cache'}\n"
     )
     Path("/run/sshd").mkdir(exist_ok=True)  # sshd's privilege-separation directory
     process = subprocess.Popen(
