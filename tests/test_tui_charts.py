@@ -4,6 +4,7 @@ picker, the log scale, a relaunch drawn over its parent's curve."""
 
 from __future__ import annotations
 
+import asyncio
 import sys
 from pathlib import Path
 
@@ -180,4 +181,36 @@ async def test_a_command_runs_charts_show_what_it_writes_or_say_how_it_could(wor
         app.select_run(writing)
         await until(pilot, lambda: [c.spec for c in charts] == [("reward",), ("kl",)], what="its own series")
         await until(pilot, lambda: any(dotted_columns(row) for row in plot_rows(charts[0])), what="reward drawn")
+        await pilot.press("q")
+
+
+async def test_a_relaunch_with_no_rows_yet_reads_its_parents_time_axis_as_time(workdir: Path, nvml_state: Path) -> None:
+    """A relaunched server before its first row: the axis under its parent's curve counts time from the start,
+    not seconds since 1970 (which read `1.796317305G`)."""
+    writer = (
+        "import json, os, sys, time\n"
+        "if '--again' in sys.argv:\n"
+        "    time.sleep(120)\n"
+        "with open(os.environ['EAGLE3_METRICS_FILE'], 'a') as m:\n"
+        "    for i in range(30):\n"
+        "        m.write(json.dumps({'t': 1.8e9 + 10 * i, 'accept_len': 2 + i / 30}) + '\\n')\n"
+        "time.sleep(120)\n"
+    )
+    async with AgentClient(LocalTransport(workdir)) as client:
+        parent = (await client.launch("serve", [sys.executable, "-c", writer], name="srv"))["run"]
+        rows = workdir / "runs" / parent / "metrics.jsonl"
+        for _ in range(200):
+            if rows.exists() and rows.read_text().count("\n") == 30:
+                break
+            await asyncio.sleep(0.1)
+        child = (await client.relaunch(parent, set=["--again"], grace=2.0))["run"]
+    app = ConsoleApp(LocalTransport(workdir))
+    async with app.run_test(size=(160, 48)) as pilot:
+        await until(pilot, lambda: app.query_one(RunsTable).row_count == 2, what="both runs")
+        app.select_run(child)
+        chart = app.query_one(ChartsPanel).charts[0]
+        await until(pilot, lambda: "accept_len (parent)" in chart.text().plain, what="the parent's curve")
+        axis = chart.text().plain.split("\n")[-1]
+        assert axis.split()[0] == "time" and "G" not in axis, axis
+        assert "4m" in axis, axis  # 290 s of the parent's rows, counted from its first
         await pilot.press("q")

@@ -222,8 +222,10 @@ class MetricChart(Widget, can_focus=True):
         store, parent, names = self.run_store, self.lineage_store, self.names()
         own = [s for n in names if (s := store.series(n)) is not None]
         theirs = [s for n in names if parent is not None and (s := parent.series(n)) is not None]
+        # Until this run's first row fixes its x, the parent's curves say what x is (a serve run's: the time).
+        x_label = store.x_label if own or not theirs or parent is None else parent.x_label
         shift = 0.0  # a serve run's x is the time: the parent's curve starts where this run's starts
-        if store.x_label == "time" and own and theirs and (mine := own[0].x_range) and (its := theirs[0].x_range):
+        if x_label == "time" and own and theirs and (mine := own[0].x_range) and (its := theirs[0].x_range):
             shift = mine[0] - its[0]
         ranges = [r for s in own if (r := s.x_range)]
         ranges += [(r[0] + shift, r[1] + shift) for s in theirs if (r := s.x_range)]
@@ -245,7 +247,7 @@ class MetricChart(Widget, can_focus=True):
                 else:
                     plotted.append(PlotSeries(s.name, raw, colour[s.name]))
         marks = [Mark(x) for x in self._plateau_steps()] if MARKED & set(names) else []
-        kind: XKind = "time" if store.x_label == "time" else "row" if store.x_label == "row" else "step"
+        kind: XKind = "time" if x_label == "time" else "row" if x_label == "row" else "step"
         plot = render_plot(
             plotted, width, height - 1, x_range, kind, y_range, log=self.log_scale, marks=marks, no_data=self.no_data()
         )
