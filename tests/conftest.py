@@ -16,6 +16,8 @@ from typing import Any
 
 import pytest
 from hypothesis import settings
+from textual.message import Message
+from textual.notifications import Notification, Notify
 
 from console.client import AgentClient
 from console.transport import LocalTransport
@@ -211,6 +213,14 @@ def run_info(cli: CLI, run_id: str) -> dict:  # type: ignore[type-arg]
 
 def wait_state(cli: CLI, run_id: str, states: set[str], timeout: float = 20) -> dict:  # type: ignore[type-arg]
     return wait_for(lambda: (info := run_info(cli, run_id))["state"] in states and info, timeout, f"state {states}")  # type: ignore[no-any-return]
+
+
+class Notes(list[Notification]):
+    """The console's notifications, as they are posted: pass the object as run_test's `message_hook`."""
+
+    def __call__(self, message: Message) -> None:
+        if isinstance(message, Notify):
+            self.append(message.notification)
 
 
 async def until(pilot: Any, predicate: Callable[[], Any], timeout: float = 20, what: str = "") -> Any:

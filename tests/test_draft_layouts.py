@@ -9,9 +9,7 @@ test`). The real loader is SGLang's own DefaultModelLoader on a copy of the whol
 from __future__ import annotations
 
 import json
-import os
 import random
-import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,7 +23,6 @@ from backends.doctor.full import full_diagnosis
 from backends.doctor.weight_files import WeightFilesError, weight_files
 from backends.protocol import Finding
 from backends.safetensors_header import INDEX_FILE
-from tests.conftest import REPO
 from tests.draft_fixtures import (
     HIDDEN,
     DraftSpec,
@@ -35,6 +32,7 @@ from tests.draft_fixtures import (
     sharded_draft,
     stale_single_file,
 )
+from tests.sglang_tier import DRY_LOAD, REAL_LOADER, in_tier
 
 SHARDS = (shard_name(0, 2), shard_name(1, 2))
 EMBEDDING = "model.embed_tokens.weight"
@@ -97,19 +95,6 @@ LAYOUTS = {
 }
 
 
-def _in_tier(python: Path, *argv: str) -> dict[str, Any]:
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    done = subprocess.run([str(python), *argv], env=env, capture_output=True, text=True, timeout=300, check=False)
-    assert done.returncode == 0, done.stderr[-3000:]
-    verdicts: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
-    return verdicts
-
-
-DRY_LOAD = "import json, sys; from pathlib import Path; from backends.doctor.dryload import run_in_process; " + (
-    "print(json.dumps({d: run_in_process(Path(d)) for d in sys.argv[1:]}))"
-)
-
-
 @pytest.fixture(scope="module")
 def three_verdicts(
     sglang_python: Path, tmp_path_factory: pytest.TempPathFactory
@@ -118,8 +103,8 @@ def three_verdicts(
     root = tmp_path_factory.mktemp("layouts")
     drafts = {case: layout.build(root / case) for case, layout in LAYOUTS.items()}
     paths = [str(p) for p in drafts.values()]
-    dry = _in_tier(sglang_python, "-c", DRY_LOAD, *paths)
-    real = _in_tier(sglang_python, str(REPO / "tests" / "sglang_real_loader.py"), *paths)
+    dry = in_tier(sglang_python, "-c", DRY_LOAD, *paths)
+    real = in_tier(sglang_python, str(REAL_LOADER), *paths)
     return {
         case: (diagnose(path, sglang_version="0.5.23")["findings"], dry[str(path)], real[str(path)])
         for case, path in drafts.items()
@@ -268,7 +253,7 @@ def _random_folders(root: Path, count: int) -> list[Path]:
 
 def test_the_file_choice_is_sglangs_on_every_folder(sglang_python: Path, tmp_path: Path) -> None:
     folders = _random_folders(tmp_path, 120)
-    real = _in_tier(sglang_python, "-c", PICK, *map(str, folders))
+    real = in_tier(sglang_python, "-c", PICK, *map(str, folders))
     for folder in folders:
         sglang = real[str(folder)]
         try:

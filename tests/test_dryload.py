@@ -7,9 +7,6 @@ under `make test`). Each case's verdict is checked against SGLang's real loader 
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
 import sys
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -27,6 +24,7 @@ from backends.doctor.full import full_diagnosis
 from backends.protocol import Finding
 from tests.conftest import REPO
 from tests.draft_fixtures import HIDDEN, corrupt_header, good_draft
+from tests.sglang_tier import DRY_LOAD, REAL_LOADER, in_tier
 
 FAKE_SGLANG = REPO / "tests" / "fake_sglang"
 
@@ -197,27 +195,13 @@ def _drafts(root: Path) -> dict[str, Path]:
     }
 
 
-def _in_tier(python: Path, *argv: str) -> dict[str, Any]:
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    done = subprocess.run([str(python), *argv], env=env, capture_output=True, text=True, timeout=300, check=False)
-    assert done.returncode == 0, done.stderr[-3000:]
-    verdicts: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
-    return verdicts
-
-
-# Every case's dry-load in one process of the tier: SGLang's import is most of a dry-load's time.
-OURS = "import json, sys; from pathlib import Path; from backends.doctor.dryload import run_in_process; " + (
-    "print(json.dumps({d: run_in_process(Path(d)) for d in sys.argv[1:]}))"
-)
-
-
 @pytest.fixture(scope="module")
 def verdicts(sglang_python: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[list[Finding], Any]]:
     """Each case's dry-load findings and SGLang's real loader's verdict on it."""
     drafts = _drafts(tmp_path_factory.mktemp("drafts"))
     paths = [str(p) for p in drafts.values()]
-    ours = _in_tier(sglang_python, "-c", OURS, *paths)
-    real = _in_tier(sglang_python, str(REPO / "tests" / "sglang_real_loader.py"), *paths)
+    ours = in_tier(sglang_python, "-c", DRY_LOAD, *paths)
+    real = in_tier(sglang_python, str(REAL_LOADER), *paths)
     return {case: (ours[str(path)], real[str(path)]) for case, path in drafts.items()}
 
 

@@ -23,8 +23,6 @@ from typing import Any
 
 from hypothesis import given
 from hypothesis import strategies as st
-from textual.message import Message
-from textual.notifications import Notification, Notify
 
 from backends import serving
 from backends.runs import failure_reason
@@ -32,7 +30,7 @@ from console.client import AgentClient
 from console.transport import LocalTransport
 from console.tui.app import ConsoleApp
 from console.tui.panels import RunDetail, RunsTable, detail_text
-from tests.conftest import CLI, launch, until, wait_state
+from tests.conftest import CLI, Notes, launch, until, wait_state
 
 # ----- the rule, over any output -----
 
@@ -282,14 +280,10 @@ def test_train_extract_and_serve_follow_end_with_why(
 
 
 async def test_the_consoles_notification_and_detail_panel_say_why(workdir: Path, nvml_state: Path) -> None:
-    notes: list[Notification] = []
-
-    def hook(message: Message) -> None:
-        if isinstance(message, Notify):
-            notes.append(message.notification)
+    notes = Notes()
 
     app = ConsoleApp(LocalTransport(workdir))
-    async with app.run_test(size=(160, 50), message_hook=hook) as pilot:
+    async with app.run_test(size=(160, 50), message_hook=notes) as pilot:
         await until(pilot, lambda: app.states is not None, what="the first poll")
         script = "import sys, time\ntime.sleep(3)\nsys.exit('error: the loss became nan by step 5: lower --lr')"
         async with AgentClient(LocalTransport(workdir)) as client:

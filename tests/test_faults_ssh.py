@@ -19,11 +19,9 @@ from pathlib import Path
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from textual.message import Message
-from textual.notifications import Notification, Notify
 
 from console.agent_copy import CACHE, GO, PARTIAL, Repair, backends_version, launch_command, manifest, plan, sources
-from tests.conftest import REPO, until
+from tests.conftest import REPO, Notes, until
 from tests.sshd import ALIAS, Sshd
 from tests.test_ssh import console
 
@@ -152,14 +150,10 @@ def test_the_console_says_when_it_repaired_the_agent_copy(
     monkeypatch.setenv("HOME", str(sshd.home))
     monkeypatch.delenv("SSH_AUTH_SOCK", raising=False)
     monkeypatch.setattr(sys.stdout, "isatty", lambda: True)
-    notes: list[Notification] = []
-
-    def hook(message: Message) -> None:
-        if isinstance(message, Notify):
-            notes.append(message.notification)
+    notes = Notes()
 
     async def shown(app: ConsoleApp) -> None:  # the app as open_console made it, in a test terminal
-        async with app.run_test(size=(160, 50), message_hook=hook) as pilot:
+        async with app.run_test(size=(160, 50), message_hook=notes) as pilot:
             await until(pilot, lambda: notes, what="the notice")
             await pilot.press("q")
 

@@ -9,8 +9,6 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from textual.message import Message
-from textual.notifications import Notification, Notify
 from textual.pilot import Pilot
 from textual.widgets import Static
 
@@ -23,7 +21,7 @@ from console.tui.dialogs import ConfirmScreen, HelpScreen, RelaunchScreen, TextS
 from console.tui.gpu_panel import GpuPanel
 from console.tui.log import TailLog
 from console.tui.panels import RunDetail, RunsTable
-from tests.conftest import free_port, until
+from tests.conftest import Notes, free_port, until
 from tests.fake_nvml import gpu, write_state
 
 SLEEPER = "import time\nprint('serving', flush=True)\ntime.sleep(120)"
@@ -86,14 +84,10 @@ async def test_runs_gpus_details_log_and_curves_appear(workdir: Path, nvml_state
 
 async def test_a_run_that_changes_state_says_so_wherever_the_cursor_is(workdir: Path, nvml_state: Path) -> None:
     done = await launch(workdir, [sys.executable, "-c", "print('done')"], name="earlier")
-    notes: list[Notification] = []
-
-    def hook(message: Message) -> None:
-        if isinstance(message, Notify):
-            notes.append(message.notification)
+    notes = Notes()
 
     app = ConsoleApp(LocalTransport(workdir))
-    async with app.run_test(size=(160, 50), message_hook=hook) as pilot:
+    async with app.run_test(size=(160, 50), message_hook=notes) as pilot:
         table = app.query_one(RunsTable)
         await until(pilot, lambda: table.row_count == 1 and app.runs[done]["state"] == "exited", what="the runs")
         script = "import sys, time\ntime.sleep(3)\nsys.exit(3)"

@@ -10,8 +10,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 from rich.text import Text
-from textual.message import Message
-from textual.notifications import Notification, Notify
+from textual.notifications import Notification
 from textual.pilot import Pilot
 
 from console.client import AgentClient
@@ -20,7 +19,7 @@ from console.tui.app import ConsoleApp
 from console.tui.dialogs import ConfirmScreen, HelpScreen, RelaunchScreen
 from console.tui.log import TailLog
 from console.tui.panels import CELL_PADDING, RunDetail, RunsTable, fit_columns, run_row
-from tests.conftest import free_port, until
+from tests.conftest import Notes, free_port, until
 from tests.fake_nvml import write_state
 
 SLEEPER = "import time\nprint('serving', flush=True)\ntime.sleep(120)"
@@ -37,14 +36,10 @@ async def launch(workdir: Path, argv: list[str], kind: str = "command", name: st
 async def console(
     workdir: Path, size: tuple[int, int] = (160, 50)
 ) -> AsyncIterator[tuple[ConsoleApp, Pilot[None], list[Notification]]]:
-    notes: list[Notification] = []
-
-    def hook(message: Message) -> None:
-        if isinstance(message, Notify):
-            notes.append(message.notification)
+    notes = Notes()
 
     app = ConsoleApp(LocalTransport(workdir))
-    async with app.run_test(size=size, message_hook=hook) as pilot:
+    async with app.run_test(size=size, message_hook=notes) as pilot:
         yield app, pilot, notes
         await pilot.press("q")
 
@@ -95,9 +90,9 @@ async def test_a_failed_run_sorts_first_stays_marked_until_seen_and_shows_its_ex
         assert str(table.get_row_at(0)[0]).endswith(failing[-4:])  # first, though launched last
         assert str(table.get_cell(failing, "STATE")).startswith("● ")  # marked: nobody looked at it yet
         table.move_cursor(row=0)
-        await until(pilot, lambda: "exit code 1" in detail(app), what="its exit")
-        await until(pilot, lambda: "RuntimeError: the draft head has no lm_head" in detail(app), what="its exception")
-        assert "last exception: RuntimeError" in detail(app)
+        # Why it failed, in the host's one line: its exception, then how it ended.
+        why = "RuntimeError: the draft head has no lm_head (exit code 1)"
+        await until(pilot, lambda: why in detail(app), what="why it failed")
         await until(pilot, lambda: not str(table.get_cell(failing, "STATE")).startswith("●"), what="the mark to go")
         table.move_cursor(row=1)
         await pilot.pause(2.5)  # a poll later, the failure stays seen
@@ -124,7 +119,11 @@ async def test_a_relaunch_moves_the_cursor_to_the_new_run_and_tells_its_fate(wor
         fate = await until(
             pilot, lambda: next((n for n in notes if "relaunch of" in n.message), None), timeout=30, what="its fate"
         )
-        assert fate.severity == "error" and child in fate.message and "failed (3)" in fate.message
+        assert (
+            fate.severity == "error"
+            and child in fate.message
+            and "failed: it printed nothing (exit code 3)" in fate.message
+        )
         # Told once: the poll's own "running → failed" is not said again for the same run.
         assert not [n for n in notes if child in n.message and "→ failed" in n.message]
 

@@ -8,16 +8,13 @@ import asyncio
 import sys
 from pathlib import Path
 
-from textual.message import Message
-from textual.notifications import Notification, Notify
-
 from console.client import AgentClient
 from console.transport import LocalTransport
 from console.tui.app import ConsoleApp
 from console.tui.chart import ChartPicker, ChartsPanel, MetricChart
 from console.tui.panels import RunsTable
 from console.tui.plot import NONFINITE_GLYPH
-from tests.conftest import until
+from tests.conftest import Notes, until
 
 STEPS = 200
 SPIKE_STEP, NAN_STEP = 150, 120
@@ -68,14 +65,10 @@ async def test_a_training_keeps_every_point_across_evals_with_its_spike_nan_and_
     workdir: Path, nvml_state: Path
 ) -> None:
     run_id = await launch(workdir, [sys.executable, "-c", TRAINER])
-    notes: list[Notification] = []
-
-    def hook(message: Message) -> None:
-        if isinstance(message, Notify):
-            notes.append(message.notification)
+    notes = Notes()
 
     app = ConsoleApp(LocalTransport(workdir))
-    async with app.run_test(size=(160, 48), message_hook=hook) as pilot:
+    async with app.run_test(size=(160, 48), message_hook=notes) as pilot:
         await until(pilot, lambda: app.query_one(RunsTable).selected_run() == run_id, what="the run")
         loss, acc = app.query_one(ChartsPanel).charts
         store = (await until(pilot, lambda: app.run_metrics.get(run_id), what="the run's store")).store
