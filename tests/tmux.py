@@ -35,7 +35,9 @@ class Tmux:
         # and UTF-8 (braille curves) whatever the locale says.
         self._folder = Path(tempfile.mkdtemp(prefix="eagle3-tmux-"))
         self._server = ("-S", str(self._folder / "socket"), "-f", "/dev/null", "-u")
-        self.env = env
+        # The terminal's size is the session's: COLUMNS and LINES (pytest-xdist's workers set 80 and 24) would
+        # override it for Textual.
+        self.env = {name: value for name, value in env.items() if name not in ("COLUMNS", "LINES")}
         # `remain-on-exit`, set before the program starts: if it exits, what it said last stays on the screen.
         keep = ("set-option", "-g", "remain-on-exit", "on", ";")
         session = ("new-session", "-d", "-x", str(width), "-y", str(height), "-c", str(cwd), shlex.join(argv))
