@@ -26,7 +26,7 @@ import re
 import shlex
 import shutil
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path, PurePosixPath
 
 from backends.argv_edit import edit_argv, flag_value
@@ -157,12 +157,12 @@ def read(
     environment (a shell's variables, PATH for a bare program); `sglang_python` the user's word on the
     interpreter, which wins."""
     try:
-        found = _read(list(argv), (), dict(env or {}), {}, None, lambda words: words)
+        found = _read(list(argv), _Reading((), dict(env or {}), {}, None, lambda words: words))
     except (ValueError, IndexError):  # an unclosed quote in a shell string, a prefix with nothing after it
         found = None
     if found is None or sglang_python is None:
         return found
-    return _replace(found, python=sglang_python, python_from=SGLANG_PYTHON_FLAG)
+    return replace(found, python=sglang_python, python_from=SGLANG_PYTHON_FLAG)
 
 
 def wrapper(argv: Sequence[str], sglang_python: str | None) -> ServerLaunch:
@@ -171,94 +171,88 @@ def wrapper(argv: Sequence[str], sglang_python: str | None) -> ServerLaunch:
     return ServerLaunch(WRAPPER, (), None, sglang_python, python_from, {}, rebuild=None)
 
 
-def _replace(found: ServerLaunch, **changes: object) -> ServerLaunch:
-    from dataclasses import replace
-
-    return replace(found, **changes)  # type: ignore[arg-type]
-
-
 Rebuild = Callable[[list[str]], list[str]]
 
 
-def _read(
-    argv: list[str],
-    via: tuple[str, ...],
-    env: dict[str, str],
-    own: dict[str, str],
-    container: Container | None,
-    rebuild: Rebuild,
-) -> ServerLaunch | None:
+@dataclass(frozen=True)
+class _Reading:
+    """Where the reader stands inside a command line: the prefixes passed, outermost first; the environment the
+    server will see and the part of it the prefixes set; the container around it; and how the whole command line
+    is written again around new words for the part being read."""
+
+    via: tuple[str, ...]
+    env: dict[str, str]
+    own: dict[str, str]
+    container: Container | None
+    rebuild: Rebuild
+
+    def inside(
+        self, prefix: str, head: list[str], env: dict[str, str] | None = None, own: dict[str, str] | None = None
+    ) -> _Reading:
+        """The reading of the words after `head`, behind `prefix`, with the environment it sets."""
+        rebuild = self.rebuild
+        return _Reading(
+            (*self.via, prefix),
+            self.env if env is None else env,
+            self.own if own is None else own,
+            self.container,
+            lambda words: rebuild([*head, *words]),
+        )
+
+
+def _read(argv: list[str], at: _Reading) -> ServerLaunch | None:
     if not argv:
         return None
     name = Path(argv[0]).name
     if name == "env":
-        return _read_env(argv, via, env, own, container, rebuild)
+        return _read_env(argv, at)
     if name in SHELLS:
-        return _read_shell(argv, via, env, own, container, rebuild)
+        return _read_shell(argv, at)
     if name in PREFIXES:
         start = _after_prefix(name, argv)
-        return _read(argv[start:], (*via, name), env, own, container, _inside(rebuild, argv[:start], []))
-    if name in CONTAINER_RUNTIMES and len(argv) > 1 and argv[1] == "run" and container is None:
-        return _read_container(argv, via, env, own, rebuild)
-    return _read_server(argv, via, env, own, container, rebuild)
+        return _read(argv[start:], at.inside(name, argv[:start]))
+    if name in CONTAINER_RUNTIMES and len(argv) > 1 and argv[1] == "run" and at.container is None:
+        return _read_container(argv, at)
+    return _read_server(argv, at)
 
 
-def _inside(rebuild: Rebuild, head: list[str], tail: list[str]) -> Rebuild:
-    return lambda words: rebuild([*head, *words, *tail])
-
-
-def _read_server(
-    argv: list[str],
-    via: tuple[str, ...],
-    env: dict[str, str],
-    own: dict[str, str],
-    container: Container | None,
-    rebuild: Rebuild,
-) -> ServerLaunch | None:
+def _read_server(argv: list[str], at: _Reading) -> ServerLaunch | None:
     program, name = argv[0], Path(argv[0]).name
     if name == CLI_PROGRAM and argv[1:2] == [CLI_SUBCOMMAND]:
-        python, source = (None, None) if container else _script_python(program, env)
-        return _server(CLI, argv, 2, via, env, own, container, rebuild, python, source)
+        python, source = (None, None) if at.container else _script_python(program, at.env)
+        return _server(CLI, argv, 2, at, python, source)
     index, module = _python_target(argv)
     if index is None:
         return None
-    python, source = (None, None) if container else _interpreter(program, env)
+    python, source = (None, None) if at.container else _interpreter(program, at.env)
     if module is not None:
         if module not in facts.SERVER_MODULES:
             return None
-        return _server(MODULE, argv, index + 1, via, env, own, container, rebuild, python, source)
+        return _server(MODULE, argv, index + 1, at, python, source)
     # `python .../bin/sglang serve FLAGS`: the console script run by a named interpreter.
     if Path(argv[index]).name == CLI_PROGRAM and argv[index + 1 : index + 2] == [CLI_SUBCOMMAND]:
-        return _server(CLI, argv, index + 2, via, env, own, container, rebuild, python, source)
+        return _server(CLI, argv, index + 2, at, python, source)
     return None
 
 
 def _server(
-    shape: str,
-    argv: list[str],
-    start: int,
-    via: tuple[str, ...],
-    env: dict[str, str],
-    own: dict[str, str],
-    container: Container | None,
-    rebuild: Rebuild,
-    python: str | None,
-    source: str | None,
+    shape: str, argv: list[str], start: int, at: _Reading, python: str | None, source: str | None
 ) -> ServerLaunch:
     raw = argv[start:]
-    flags, unexpanded = _expanded(raw, env) if any(v.endswith(" -c") for v in via) else (raw, [])
+    flags, unexpanded = _expanded(raw, at.env) if any(v.endswith(" -c") for v in at.via) else (raw, [])
     if shape == CLI:
         flags = cli_flags(flags)
+    rebuild, head = at.rebuild, argv[:start]
     return ServerLaunch(
         shape=shape,
-        via=via,
+        via=at.via,
         flags=tuple(flags),
         python=python,
         python_from=source,
-        env=dict(own),
-        container=container,
+        env=dict(at.own),
+        container=at.container,
         unexpanded=tuple(unexpanded),
-        rebuild=_inside(rebuild, argv[:start], []),
+        rebuild=lambda words: rebuild([*head, *words]),
         raw_flags=tuple(raw),
     )
 
@@ -342,16 +336,9 @@ def _script_python(program: str, env: Mapping[str, str]) -> tuple[str | None, st
     return words[0], f"the #! line of {found}"
 
 
-def _read_env(
-    argv: list[str],
-    via: tuple[str, ...],
-    env: dict[str, str],
-    own: dict[str, str],
-    container: Container | None,
-    rebuild: Rebuild,
-) -> ServerLaunch | None:
+def _read_env(argv: list[str], at: _Reading) -> ServerLaunch | None:
     index = 1
-    env, own = dict(env), dict(own)
+    env, own = dict(at.env), dict(at.own)
     while index < len(argv):
         word = argv[index]
         if word in ("-i", "--ignore-environment", "-"):
@@ -374,7 +361,7 @@ def _read_env(
         key, _, value = argv[index].partition("=")
         env[key], own[key] = value, value
         index += 1
-    return _read(argv[index:], (*via, "env"), env, own, container, _inside(rebuild, argv[:index], []))
+    return _read(argv[index:], at.inside("env", argv[:index], env=env, own=own))
 
 
 def _after_prefix(name: str, argv: list[str]) -> int:
@@ -394,14 +381,7 @@ def _after_prefix(name: str, argv: list[str]) -> int:
     return index
 
 
-def _read_shell(
-    argv: list[str],
-    via: tuple[str, ...],
-    env: dict[str, str],
-    own: dict[str, str],
-    container: Container | None,
-    rebuild: Rebuild,
-) -> ServerLaunch | None:
+def _read_shell(argv: list[str], at: _Reading) -> ServerLaunch | None:
     index = next(
         (i for i, w in enumerate(argv[1:], 1) if w.startswith("-") and not w.startswith("--") and "c" in w), None
     )
@@ -412,22 +392,22 @@ def _read_shell(
     words = _shell_words(text)
     segments = _segments(words)
     for start, end in reversed(segments):
-        env_here, own_here = dict(env), dict(own)
-        at = start
-        while at < end and (words[at] in ("exec", "command") or _assignment(words[at])):
-            if _assignment(words[at]):
-                key, _, value = words[at].partition("=")
+        env_here, own_here = dict(at.env), dict(at.own)
+        begin = start
+        while begin < end and (words[begin] in ("exec", "command") or _assignment(words[begin])):
+            if _assignment(words[begin]):
+                key, _, value = words[begin].partition("=")
                 env_here[key] = own_here[key] = " ".join(_expand_one(value, env_here)[0])
-            at += 1
-        command, redirects = _without_redirects(words[at:end])
+            begin += 1
+        command, redirects = _without_redirects(words[begin:end])
         env_here["@"] = "\0".join(positional)
 
-        def rebuilt(new: list[str], at: int = at, end: int = end, redirects: list[str] = redirects) -> list[str]:
+        def rebuilt(new: list[str], begin: int = begin, end: int = end, redirects: list[str] = redirects) -> list[str]:
             # A redirection means the same anywhere in its command: it is written after the flags.
-            text = _shell_join([*words[:at], *new, *redirects, *words[end:]])
-            return rebuild([*argv[: index + 1], text, *argv[index + 2 :]])
+            text = _shell_join([*words[:begin], *new, *redirects, *words[end:]])
+            return at.rebuild([*argv[: index + 1], text, *argv[index + 2 :]])
 
-        found = _read(command, (*via, shell), env_here, own_here, container, rebuilt)
+        found = _read(command, replace(at, via=(*at.via, shell), env=env_here, own=own_here, rebuild=rebuilt))
         if found is not None:
             return found
     return None
@@ -527,9 +507,7 @@ def _shell_join(words: list[str]) -> str:
     return " ".join(out)
 
 
-def _read_container(
-    argv: list[str], via: tuple[str, ...], env: dict[str, str], own: dict[str, str], rebuild: Rebuild
-) -> ServerLaunch | None:
+def _read_container(argv: list[str], at: _Reading) -> ServerLaunch | None:
     runtime = Path(argv[0]).name
     index = 2
     inner_env: dict[str, str] = {}
@@ -564,16 +542,15 @@ def _read_container(
     image = argv[index]
     box = Container(runtime, image, host_network, ports, tuple(volumes))
     inner = [*entrypoint, *argv[index + 1 :]]
-    where = (*via, f"{runtime} run")
+    where = (*at.via, f"{runtime} run")
     if not inner:
         return ServerLaunch(IMAGE, where, None, None, None, inner_env, box) if "sglang" in image else None
     head = argv[: index + 1]
 
     def rebuilt(words: list[str]) -> list[str]:
-        return rebuild([*head, *words[len(entrypoint) :]])
+        return at.rebuild([*head, *words[len(entrypoint) :]])
 
-    found = _read(inner, where, {**env, **inner_env}, inner_env, box, rebuilt)
-    return found
+    return _read(inner, _Reading(where, {**at.env, **inner_env}, inner_env, box, rebuilt))
 
 
 def _container_option(argv: list[str], index: int) -> tuple[str, str | None, int]:
