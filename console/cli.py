@@ -443,7 +443,7 @@ def open_console(ns: argparse.Namespace, hosts: list[str], settings: config.Conf
 
 
 # The commands that change a host (their --dry-run changes nothing): read-only refuses them.
-CHANGES = frozenset({"kill", "relaunch", "free-gpus", "launch", "serve", "train", "extract"})
+CHANGES = frozenset({"kill", "relaunch", "free-gpus", "launch", "serve", "train", "extract", "bench", "convert"})
 
 
 class ReadOnly(Exception):

@@ -239,7 +239,18 @@ def test_readonly_refuses_every_change_from_the_cli_saying_where_it_is_set(
     started = eagle3(workdir, xdg, "--no-readonly", "local", "launch", "command", "--", sys.executable, "-c", SILENT)
     assert started.returncode == 0, started.stderr
     run_id = started.stdout.strip().splitlines()[-1]
-    for words in (["kill", run_id], ["relaunch", run_id], ["free-gpus"], ["launch", "command", "--", "true"]):
+    changes = (
+        ["kill", run_id],
+        ["relaunch", run_id],
+        ["free-gpus"],
+        ["launch", "command", "--", "true"],
+        ["serve", "/models/target", "/models/draft"],
+        ["train", "--data", "/d", "--target", "/t", "--out", "/o"],
+        ["extract", "--data", "demo", "--target", "/t", "--out", "/o"],
+        ["bench", run_id],  # a run of its own on the host
+        ["convert", str(tmp_path / "src"), str(tmp_path / "dst")],  # writes DST on the host
+    )
+    for words in changes:
         refused = eagle3(workdir, xdg, "local", *words)
         assert refused.returncode == 1, (words, refused.stderr)
         assert refused.stderr == (

@@ -172,6 +172,7 @@ def test_each_shape_is_checked_by_the_sglang_that_serves_it(name: str, files: Fi
             assert verdict["message"].endswith(
                 "the command is wrapper script: SGLang's flags are not on its command line"
             )
+            assert verdict["fix"] is not None and "sglang serve FLAGS" in verdict["fix"]
             assert on_good["doctor"] is not None and on_good["doctor"]["sglang_versions"] == ["0.5.23"]
             assert on_good["doctor"]["errors"] == 0
     # The single-layer draft is refused whoever serves it.

@@ -151,7 +151,11 @@ def check(found: ServerLaunch, env: Mapping[str, str] | None = None, cwd: str | 
 def unchecked_why(found: ServerLaunch) -> tuple[str, str | None] | None:
     """Why SGLang's parser cannot be asked about this launch from the host, and what makes it work; None: it can."""
     if found.flags is None:
-        return f"the command is {found.describe()}: SGLang's flags are not on its command line", None
+        fix = (
+            "write the server's command on the launch's command line (sglang serve FLAGS, or PYTHON -m "
+            "sglang.launch_server FLAGS, behind env or a shell if need be) to have its flags checked"
+        )
+        return f"the command is {found.describe()}: SGLang's flags are not on its command line", fix
     if found.unexpanded:
         return (
             f"its flags use shell variables the launch's environment does not set ({' '.join(found.unexpanded)})",
