@@ -204,6 +204,31 @@ def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def progress_of(rows: list[dict[str, Any]]) -> dict[str, float] | None:
+    """The last step, shard and ETA that metric rows (newest first) name."""
+    found: dict[str, float] = {}
+    for row in rows:
+        for key in PROGRESS_METRICS:
+            value = row.get(key)
+            if key not in found and _is_number(value):
+                found[key] = value
+        if Metric.STEP in found or Metric.SHARD in found:
+            break
+    return found or None
+
+
+def nonfinite_of(rows: list[dict[str, Any]]) -> NonfiniteValue | None:
+    """The newest NaN or infinite value of metric rows (newest first): a value that went back to finite over
+    the rows read is no longer news."""
+    for row in rows:
+        for name, value in row.items():
+            number = nonfinite_spelled(value) if isinstance(value, str) else value
+            if isinstance(number, float) and not math.isfinite(number):
+                step = row.get(Metric.STEP)
+                return {"metric": name, "step": step if _is_int(step) else None, "value": str(number)}
+    return None
+
+
 def _last_objects(path: Path, limit: int) -> Iterator[dict[str, Any]]:
     """The JSON objects of a JSON-lines file's last `limit` bytes, newest first; torn lines and other values are
     passed over (a missing or unreadable file has none)."""
@@ -349,29 +374,10 @@ class RunDir:
             raise CorruptFile(self.id, EXIT, "not a JSON object")
         return data
 
-    def progress(self) -> dict[str, float] | None:
-        """The last step, shard and ETA its metric rows name, read from the end of metrics.jsonl (a status poll
-        reads this for every run: at most PROGRESS_TAIL bytes each)."""
-        found: dict[str, float] = {}
-        for row in _last_objects(self.file(METRICS), PROGRESS_TAIL):
-            for key in PROGRESS_METRICS:
-                value = row.get(key)
-                if key not in found and _is_number(value):
-                    found[key] = value
-            if Metric.STEP in found or Metric.SHARD in found:
-                break
-        return found or None
-
-    def nonfinite(self) -> NonfiniteValue | None:
-        """The newest NaN or infinite value of its last metric rows (as read for its progress: a value that
-        went back to finite over the last PROGRESS_TAIL bytes is no longer news)."""
-        for row in _last_objects(self.file(METRICS), PROGRESS_TAIL):
-            for name, value in row.items():
-                number = nonfinite_spelled(value) if isinstance(value, str) else value
-                if isinstance(number, float) and not math.isfinite(number):
-                    step = row.get(Metric.STEP)
-                    return {"metric": name, "step": step if _is_int(step) else None, "value": str(number)}
-        return None
+    def last_metrics(self) -> list[dict[str, Any]]:
+        """Its last metric rows, newest first, from the end of metrics.jsonl (a status poll reads this for every
+        run, once: at most PROGRESS_TAIL bytes each)."""
+        return list(_last_objects(self.file(METRICS), PROGRESS_TAIL))
 
     def silent_s(self) -> float | None:
         """Seconds since output.log last changed, by this host's clock; None when there is none."""
@@ -460,6 +466,7 @@ class RunDir:
         ended = self.exit() or {}
         watch = self.watch()
         dumps = watch.get("stack_dumps")
+        metrics = self.last_metrics()
         info: RunInfo = {
             "id": self.id,
             "name": spec.name,
@@ -483,7 +490,7 @@ class RunDir:
             "diagnoses": [*(watch.get("diagnoses") or []), *disk_full_diagnosis(ended)],
             "corrupt": None,
             "truncated": [],
-            "progress": self.progress() if spec.kind in PROGRESS_KINDS else None,
+            "progress": progress_of(metrics) if spec.kind in PROGRESS_KINDS else None,
         }
         if bench := self.bench():
             info["bench"] = bench
@@ -496,7 +503,7 @@ class RunDir:
             info["failure"] = failure
         if info["state"] not in TERMINAL_STATES and (silent := self.silent_s()) is not None:
             info["silent_s"] = round(silent, 1)
-        if nonfinite := self.nonfinite():
+        if nonfinite := nonfinite_of(metrics):
             info["nonfinite"] = nonfinite
         return info
 
