@@ -12,6 +12,7 @@ import json
 import math
 import os
 import secrets
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -94,11 +95,38 @@ class Reserved:
         os.replace(self.slot, path)
 
 
-def append_jsonl(path: Path, obj: object) -> None:
-    """One write(2) with O_APPEND, so lines from agent and supervisor never interleave."""
-    line = json.dumps(obj, separators=(",", ":")).encode() + b"\n"
-    fd = open_private(path, os.O_WRONLY | os.O_APPEND)
+# How far back a torn last line is measured: its size is told, not needed, so the read stays small.
+TORN_TAIL_READ = 64 * 1024
+
+
+def _jsonl_line(obj: object) -> bytes:
+    return json.dumps(obj, separators=(",", ":")).encode() + b"\n"
+
+
+def torn_tail(fd: int) -> int:
+    """The size of a last line that lacks its newline (a power cut, a writer killed mid-line); 0 if none."""
+    size = os.fstat(fd).st_size
+    if size == 0 or os.pread(fd, 1, size - 1) == b"\n":
+        return 0
+    tail = os.pread(fd, min(size, TORN_TAIL_READ), max(size - TORN_TAIL_READ, 0))
+    return len(tail) - tail.rfind(b"\n") - 1
+
+
+def append_jsonl(path: Path, obj: object, torn: Callable[[int], object] | None = None) -> None:
+    """One write(2) with O_APPEND, so lines from agent and supervisor never interleave.
+
+    A last line left without its newline is ended first, in the same write, so that the new line is a
+    line of its own rather than glued onto garbage; `torn(size)` gives a row said right after it (the
+    torn line's size), by which readers tell a repaired line from a corrupt one. Ending it (never
+    truncating) loses nothing when another writer's line was only caught half-way in the page cache:
+    that leaves an empty line, which readers skip.
+    """
+    line = _jsonl_line(obj)
+    fd = open_private(path, os.O_RDWR | os.O_APPEND)
     try:
+        torn_size = torn_tail(fd)
+        if torn_size:
+            line = b"\n" + (_jsonl_line(torn(torn_size)) if torn is not None else b"") + line
         written = os.write(fd, line)
         if written < len(line):
             # The disk filled mid-line: take the part back, or the next line would be glued onto it.

@@ -725,3 +725,45 @@ def test_a_command_run_has_no_progress_even_with_rows(tmp_path: Path) -> None:
     run = make_run(RunStore(tmp_path), new_run_id(), spec)
     append_jsonl(run.file(METRICS), {"step": 3})
     assert run.info()["progress"] is None
+
+
+# A power cut leaves the last line cut short: a JSON prefix, or the zeros of blocks allocated but never written.
+TORN_LINES = [b'{"t": 1717000000.5, "type": "sig', b"\x00" * 37]
+
+
+@pytest.mark.parametrize("torn", TORN_LINES, ids=["json-prefix", "zeros"])
+def test_an_append_after_a_torn_line_is_a_line_of_its_own(tmp_path: Path, torn: bytes) -> None:
+    path = tmp_path / METRICS
+    path.write_bytes(b'{"step": 1}\n' + torn)
+    append_jsonl(path, {"step": 2})
+    rows, skipped, offset = read_jsonl(path)
+    assert rows == [{"step": 1}, {"step": 2}]
+    assert skipped == 1  # the torn line is kept, and counted as garbage
+    assert offset == path.stat().st_size
+    assert torn in path.read_bytes()
+
+
+@pytest.mark.parametrize("torn", TORN_LINES, ids=["json-prefix", "zeros"])
+def test_a_lost_run_keeps_its_fate_after_a_power_cut_tore_its_last_event(
+    tmp_path: Path, sleeper: Callable[[], subprocess.Popen[bytes]], torn: bytes
+) -> None:
+    proc = {"supervisor": dead_ident_json(sleeper), "child": dead_ident_json(sleeper), "child_started_at": 1.0}
+    run = state_run(tmp_path, created_at=AN_HOUR_AGO, proc=proc, events=[{"t": 2.0, "type": "launched"}])
+    with run.file(EVENTS).open("ab") as fh:
+        fh.write(torn)
+    for _ in range(2):  # the first status records `lost`, the next one reads it back
+        assert run.info()["state"] == "lost"
+        assert run.info()["corrupt"] is None
+    events = run.events()
+    assert [e["type"] for e in events] == ["launched", "torn", "state"]
+    assert events[1]["bytes"] == len(torn) and events[2]["state"] == "lost"
+
+
+def test_a_garbage_event_line_not_found_torn_still_makes_the_run_corrupt(tmp_path: Path) -> None:
+    run = state_run(tmp_path, created_at=AN_HOUR_AGO, events=[{"t": 2.0, "type": "launched"}])
+    with run.file(EVENTS).open("ab") as fh:
+        fh.write(b"garbage\n")
+    run.append_event("state", state="lost")  # the garbage ended in its newline: nothing was torn
+    with pytest.raises(CorruptFile, match="line 2 is not valid JSON"):
+        run.events()
+    assert run.info()["state"] == "corrupt"

@@ -66,6 +66,7 @@ SPEC = "spec.json"
 PROC = "proc.json"
 OUTPUT = "output.log"
 EVENTS = "events.jsonl"
+TORN_EVENT = "torn"  # an event written after a line found without its newline (a power cut), with its size
 METRICS = "metrics.jsonl"
 PROGRESS_TAIL = 16 * 1024  # the end of metrics.jsonl a status poll reads for a run's progress
 PROGRESS_KINDS = ("train", "extract")
@@ -290,11 +291,12 @@ class RunDir:
             raise CorruptFile(self.id, SPEC, str(exc)) from None
 
     def append_event(self, event_type: str, /, **fields: Any) -> None:
-        append_jsonl(self.file(EVENTS), event(event_type, **fields))
+        append_jsonl(self.file(EVENTS), event(event_type, **fields), torn=lambda size: event(TORN_EVENT, bytes=size))
 
     def events(self) -> list[dict[str, Any]]:
         """Every event; CorruptFile when a whole line is not one (a last line without its newline is
-        still being written)."""
+        still being written), unless a `torn` event right after it says it was found torn and ended (a
+        power cut): that line is passed over, and the `torn` event keeps its size for anyone to see."""
         try:
             with open(self.file(EVENTS), "rb") as fh:
                 data = fh.read()
@@ -303,16 +305,24 @@ class RunDir:
         except OSError as exc:
             raise CorruptFile(self.id, EVENTS, f"cannot be read ({exc.strerror or exc})") from None
         rows: list[dict[str, Any]] = []
+        bad: CorruptFile | None = None  # the last line's fault, forgiven if a torn event follows it
         for number, line in enumerate(data[: data.rfind(b"\n") + 1].split(b"\n"), 1):
             if not line.strip():
                 continue
+            fault: str | None = None
             try:
                 row = parse_record(line)
             except ValueError as exc:
-                raise CorruptFile(self.id, EVENTS, f"line {number} is not valid JSON ({exc})") from None
-            if not isinstance(row, dict) or not shallow(row):
-                raise CorruptFile(self.id, EVENTS, f"line {number} is not an event")
-            rows.append(row)
+                row, fault = None, f"line {number} is not valid JSON ({exc})"
+            if fault is None and not (isinstance(row, dict) and shallow(row)):
+                fault = f"line {number} is not an event"
+            if bad is not None and not (fault is None and row.get("type") == TORN_EVENT):
+                raise bad
+            bad = CorruptFile(self.id, EVENTS, fault) if fault is not None else None
+            if fault is None:
+                rows.append(row)
+        if bad is not None:
+            raise bad
         return rows
 
     def proc(self) -> dict[str, Any]:
