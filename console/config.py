@@ -21,9 +21,11 @@ is an error, not ignored: a misspelt `remote_pyhton` would otherwise silently le
 
 from __future__ import annotations
 
+import errno
 import glob
 import math
 import os
+import stat
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -46,6 +48,8 @@ SETTINGS: dict[str, tuple[type, str]] = {
     "stall_after": (float, "a number of seconds above 0"),
 }
 HOST_ONLY: dict[str, tuple[type, str]] = {"address": (str, "[user@]host[:port]"), "description": (str, "text")}
+# Far above any real settings file, far below what takes seconds to parse before every command.
+MAX_SETTINGS_BYTES = 1024 * 1024
 
 
 class ConfigError(Exception):
@@ -98,11 +102,33 @@ def config_path() -> Path:
     return Path(base) / "eagle3-console" / "config.toml"
 
 
+def read_settings_file(path: Path, limit: int = MAX_SETTINGS_BYTES) -> bytes:
+    """The bytes of a settings file read by every command: OSError when missing, unreadable, not a regular file
+    (a FIFO would block every command; opened without blocking, then refused) or over `limit` bytes (the
+    text is parsed before anything runs, `local status` included)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise OSError(errno.EINVAL, f"not a regular file but {_file_kind(mode)}")
+        data = os.read(fd, limit + 1)
+    finally:
+        os.close(fd)
+    if len(data) > limit:
+        raise OSError(errno.EFBIG, f"larger than {limit // 1024} KiB, more than any settings file needs")
+    return data
+
+
+def _file_kind(mode: int) -> str:
+    kinds = {stat.S_ISFIFO: "a FIFO", stat.S_ISDIR: "a folder", stat.S_ISSOCK: "a socket"}
+    return next((name for test, name in kinds.items() if test(mode)), "a device")
+
+
 def load(path: Path | None = None) -> Config:
     """The settings file, or an empty Config when there is none; ConfigError when it cannot be used."""
     path = path or config_path()
     try:
-        text = path.read_text(encoding="utf-8")
+        text = read_settings_file(path).decode("utf-8")
     except FileNotFoundError:
         return Config(path)
     except (OSError, UnicodeDecodeError) as exc:
@@ -113,6 +139,8 @@ def load(path: Path | None = None) -> Config:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: not valid TOML ({exc}); fix or remove it") from None
+    except RecursionError:
+        raise ConfigError(f"{path}: nested too deeply to be settings; fix or remove it") from None
     unknown = sorted(set(data) - {"defaults", "hosts", "groups"})
     if unknown:
         raise ConfigError(f"{path}: unknown table {unknown[0]!r}; it knows [defaults], [hosts.NAME] and [groups]")
@@ -184,7 +212,7 @@ def ssh_config_hosts(path: Path | None = None) -> list[Host]:
 def _ssh_blocks(path: Path, depth: int) -> Iterator[tuple[list[str], dict[str, str]]]:
     """(Host names, their first value of each option) per `Host` block; `Include`d files in place."""
     try:
-        lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+        lines = read_settings_file(path).decode("utf-8", errors="replace").splitlines()
     except OSError:
         return
     names: list[str] = []

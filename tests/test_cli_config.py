@@ -13,6 +13,7 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -140,6 +141,49 @@ def test_a_settings_file_that_cannot_be_used_is_a_usage_error_naming_the_file_an
     path = tmp_path / "xdg" / "eagle3-console" / "config.toml"
     assert done.stderr.startswith(f"eagle3-console: {path}: ") and said in done.stderr
     assert done.stderr.count("\n") == 1
+
+
+TOO_DEEP = "nested too deeply to be settings; fix or remove it"
+
+
+def make_fifo(path: Path) -> None:
+    os.mkfifo(path)
+
+
+def write_huge(path: Path) -> None:
+    with path.open("wb") as fh:  # 2 MiB of comments: valid TOML, and far more than any settings file
+        fh.write(b"# padding padding padding padding padding padding padding padding padding padding\n" * 26_000)
+
+
+@pytest.mark.parametrize(
+    ("make", "said"),
+    [
+        (make_fifo, "cannot be read (not a regular file but a FIFO); fix or remove it"),
+        (os.mkdir, "cannot be read (not a regular file but a folder); fix or remove it"),
+        (write_huge, "cannot be read (larger than 1024 KiB, more than any settings file needs); fix or remove it"),
+        (lambda path: path.write_text("a = " + "[" * 5000 + "]" * 5000), TOO_DEEP),
+        (lambda path: path.write_text("a = " + "{b = " * 5000 + "1" + "}" * 5000), TOO_DEEP),
+    ],
+    ids=["fifo", "folder", "2MiB", "nested-arrays", "nested-tables"],
+)
+def test_a_settings_file_no_command_could_read_in_time_is_a_usage_error_at_once(
+    tmp_path: Path, make: Callable[[Path], object], said: str
+) -> None:
+    env = settings_env(tmp_path, "")
+    path = tmp_path / "xdg" / "eagle3-console" / "config.toml"
+    path.unlink()
+    make(path)
+    done = eagle3("local", "status", env=env, timeout=30)  # a FIFO used to block here for good
+    assert done.returncode == 2
+    assert done.stderr == f"eagle3-console: {path}: {said}\n"
+
+
+def test_hosts_passes_over_an_ssh_config_that_is_a_fifo(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    (home / ".ssh").mkdir(parents=True)
+    os.mkfifo(home / ".ssh" / "config")
+    done = eagle3("hosts", env={**os.environ, "HOME": str(home), "XDG_CONFIG_HOME": str(tmp_path / "xdg")}, timeout=30)
+    assert done.returncode == 0, done.stderr
 
 
 @given(st.text(max_size=200))
