@@ -1,17 +1,51 @@
-"""Masking of secrets in anything displayed or logged."""
+"""Masking of secrets in anything displayed or logged.
+
+The rule, by the words of a name (its parts between `-`, `_` and `.`, in any case):
+
+- A word names a secret when it ends with token, key, secret, password, passwd, auth or credential (`apikey`,
+  `hftoken`, `oauth`), or is a plural of secret, password or credential, or begins with auth (`authorization`,
+  `authtoken`; not `author`). `tokens` is a count and `tokenizer` a tool, so neither is one.
+- An environment name, a `NAME=value` word of a command line and a key of a JSON object written in one
+  (`--model-loader-extra-config '{"hf_token": "..."}'`) hide their value when any of their words names a secret:
+  `HF_TOKEN`, `AWS_ACCESS_KEY_ID`, `SSH_AUTH_SOCK`, `MY_CREDENTIALS`.
+- A long flag (`--flag value`, `--flag=value`) hides its value when any word but the last is secret, password,
+  auth or credential (`--credential-file`, `--hf-auth`), or its last word names a secret (`--api-key`,
+  `--hf-token`, `--ssl-keyfile-password`), unless that last word is token after per, first, last or next (a
+  number of tokens: `--kt-max-deferred-experts-per-token`, `--bucket-time-to-first-token`). A token or key word
+  before the last one says what a setting is about, and its value is no secret: `--speculative-token-map`,
+  `--key-cache-dtype`, `--ssl-keyfile`. Of SGLang 0.5.23's 561 flags, --api-key, --admin-api-key and
+  --ssl-keyfile-password hide their value; --max-prefill-tokens, --tokenizer-path, --speculative-num-draft-tokens
+  and the other 30 that hold such a word do not.
+- A short flag (`-k X`, `-p X`) hides nothing: each program gives its letters its own meaning (curl's -k,
+  mysql's -p), so a letter says nothing of a secret.
+"""
 
 from __future__ import annotations
 
 import re
 import shlex
 
-SECRET_MARKERS = ("TOKEN", "KEY", "SECRET", "PASSWORD")
 MASK = "***"
+_ENDINGS = ("token", "key", "secret", "password", "passwd", "auth", "credential")
+_PLURALS = ("secrets", "passwords", "credentials")
+_STRONG = ("secret", "password", "passwd", "auth", "credential")  # a secret wherever they stand in a flag
+_COUNTING = ("per", "first", "last", "next")  # `per token`, `first token`: a number of tokens, not a token
+_WORD_SPLIT = re.compile(r"[-_.]+")
+
+
+def _words(name: str) -> list[str]:
+    return [word for word in _WORD_SPLIT.split(name.lower()) if word]
+
+
+def _names_a_secret(word: str) -> bool:
+    return (
+        word.endswith(_ENDINGS) or word in _PLURALS or (word.startswith("auth") and word not in ("author", "authors"))
+    )
 
 
 def is_secret_name(name: str) -> bool:
-    upper = name.upper()
-    return any(marker in upper for marker in SECRET_MARKERS)
+    """Whether an environment name (or a `NAME=` word, a JSON key) names a secret: any of its words does."""
+    return any(_names_a_secret(word) for word in _words(name))
 
 
 def mask_env(env: dict[str, str]) -> dict[str, str]:
@@ -19,10 +53,14 @@ def mask_env(env: dict[str, str]) -> dict[str, str]:
 
 
 def _is_secret_flag(flag: str) -> bool:
-    # Only the end of the flag's last word counts: "--api-key", "--apikey" and
-    # "--hf-token" hide their value, "--tokenizer-path" and "--key-cache-dtype" do not.
-    last = flag.lstrip("-").replace("_", "-").split("-")[-1].upper()
-    return any(last.endswith(marker) for marker in SECRET_MARKERS)
+    words = _words(flag.lstrip("-"))
+    if not words:
+        return False
+    *before, last = words
+    if any(word.endswith(_STRONG) or word in _PLURALS for word in before):
+        return True
+    counted = last == "token" and bool(before) and before[-1] in _COUNTING
+    return _names_a_secret(last) and not counted
 
 
 # What follows a secret flag is its value unless it is shaped like the next option
@@ -44,10 +82,33 @@ def mask_argv(argv: list[str]) -> list[str]:
         elif sep and not _spaced(name) and (_is_secret_flag(name) if name.startswith("-") else is_secret_name(name)):
             masked.append(f"{name}={MASK}")
             hide_next = False
+        elif (in_json := _mask_json_values(arg)) != arg:
+            masked.append(in_json)
+            hide_next = False
         else:
             masked.append(_mask_command_string(arg) if _spaced(arg) else arg)
             hide_next = arg.startswith("--") and _is_secret_flag(arg)
     return masked
+
+
+# A quoted key and its quoted value, as JSON (or a Python dict's repr) writes them: `"api_key": "sk-1"`.
+_QUOTED_PAIR = re.compile(
+    r"""(?P<q>["'])(?P<key>[^"'\\]{1,200})(?P=q)\s*:\s*(?P<vq>["'])(?P<value>(?:\\.|(?!(?P=vq))[^\\])*)(?P=vq)""",
+    re.DOTALL,
+)
+
+
+def _json_secrets(arg: str) -> list[tuple[int, int]]:
+    """Where the values of secret-named keys stand in an argument that holds a JSON object."""
+    if "{" not in arg:
+        return []
+    return [pair.span("value") for pair in _QUOTED_PAIR.finditer(arg) if is_secret_name(pair["key"])]
+
+
+def _mask_json_values(arg: str) -> str:
+    for start, end in reversed(_json_secrets(arg)):
+        arg = arg[:start] + MASK + arg[end:]
+    return arg
 
 
 # Where a secret value may stand as a whole word of a shell string: after a space, `=` or a quote, before a space,
@@ -108,13 +169,16 @@ def _secret_of(word: str, masked: str) -> str | None:
 def mask_text(text: str, argv: list[str]) -> str:
     """`text` (a message that may quote `argv`, like argparse's) with every secret value of `argv` masked."""
     for arg, masked in zip(argv, mask_argv(argv), strict=True):
-        whole = masked in (MASK, f"{arg.partition('=')[0]}={MASK}")  # else a command line's own words were masked
-        if arg != masked and not whole:
-            text = mask_text(text, _shell_words(arg))
-        elif arg != masked:
+        if arg == masked:
+            continue
+        if masked in (MASK, f"{arg.partition('=')[0]}={MASK}"):  # the whole value hidden
             secret = arg.partition("=")[2] if "=" in masked else arg
-            if secret:
-                text = text.replace(secret, MASK)
+            text = text.replace(secret, MASK) if secret else text
+        elif in_json := _json_secrets(arg):
+            for value in {arg[start:end] for start, end in in_json} - {""}:
+                text = text.replace(value, MASK)
+        else:  # a command line's own words were masked
+            text = mask_text(text, _shell_words(arg))
     return text
 
 

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
+from pathlib import Path
 
 import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from backends.masking import MASK, is_secret_name, mask_argv, mask_env, mask_text
+from tests.sglang_tier import in_tier
 
 
 @pytest.mark.parametrize(
@@ -243,3 +246,119 @@ def test_secrets_in_a_shell_string_are_masked_where_written() -> None:
 def test_a_spaced_value_of_a_secret_flag_is_hidden_whole_in_a_message() -> None:
     argv = ["serve", "--api-key=two words", "--hf-token", "a b"]
     assert mask_text("got --api-key=two words --hf-token a b", argv) == f"got --api-key={MASK} --hf-token {MASK}"
+
+
+# ----- secrets by pattern: the shapes a secret is passed in, and the names that must stay readable -----
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["serve", "--auth", "X"], ["serve", "--auth", MASK]),
+        (["serve", "--hf-auth=X"], ["serve", f"--hf-auth={MASK}"]),
+        (["serve", "--credential-file", "X"], ["serve", "--credential-file", MASK]),
+        (["serve", "--credentials=X"], ["serve", f"--credentials={MASK}"]),
+        (["serve", "--oauth", "X"], ["serve", "--oauth", MASK]),
+        (["serve", "--authorization", "Bearer X"], ["serve", "--authorization", MASK]),
+        (["serve", "--ssl-keyfile-password", "X"], ["serve", "--ssl-keyfile-password", MASK]),
+        (["serve", "--admin-api-key", "X"], ["serve", "--admin-api-key", MASK]),
+        (["serve", "--db-passwd", "X"], ["serve", "--db-passwd", MASK]),
+        (["env", "MY_CREDENTIALS=X", "serve"], ["env", f"MY_CREDENTIALS={MASK}", "serve"]),
+        (["env", "AWS_ACCESS_KEY_ID=X", "serve"], ["env", f"AWS_ACCESS_KEY_ID={MASK}", "serve"]),
+        (["env", "BASIC_AUTH=X", "serve"], ["env", f"BASIC_AUTH={MASK}", "serve"]),
+        (
+            ["serve", "--model-loader-extra-config", '{"hf_token": "X", "revision": "main"}'],
+            ["serve", "--model-loader-extra-config", '{"hf_token": "***", "revision": "main"}'],
+        ),
+        (
+            ["serve", '--json-model-override-args={"api_key":"X"}'],
+            ["serve", '--json-model-override-args={"api_key":"***"}'],
+        ),
+        (
+            ["serve", "--extra", "{'password': 'X', 'nested': {'client_secret': 'X'}}"],
+            ["serve", "--extra", "{'password': '***', 'nested': {'client_secret': '***'}}"],
+        ),
+        # A letter means what each program says (curl -k, mysql -p): short flags hide nothing.
+        (["curl", "-k", "https://x"], ["curl", "-k", "https://x"]),
+        (["mysql", "-p", "3306"], ["mysql", "-p", "3306"]),
+    ],
+)
+def test_a_secret_is_hidden_in_every_shape_it_is_passed(argv: list[str], expected: list[str]) -> None:
+    assert mask_argv(argv) == expected
+    assert "X" not in mask_text(" ".join(argv), argv).replace("https://x", "")
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["serve", "--speculative-token-map", "/models/freq_32768.pt"],
+        ["serve", "--max-total-tokens", "65536"],
+        ["serve", "--max-prefill-tokens", "16384"],
+        ["serve", "--speculative-num-draft-tokens", "8"],
+        ["serve", "--kt-max-deferred-experts-per-token", "2"],
+        ["serve", "--bucket-time-to-first-token", "0.1", "0.5"],
+        ["serve", "--tokenizer-path", "/models/tok", "--skip-tokenizer-init"],
+        ["serve", "--ssl-keyfile", "/etc/ssl/server.key"],
+        ["serve", "--kv-cache-dtype", "fp8_e5m2", "--disable-radix-cache"],
+        ["serve", "--author", "alice"],
+        ["env", "TOKENIZERS_PARALLELISM=false", "MAX_TOKENS=4096", "serve"],
+        ["serve", "--extra", '{"max_tokens": 8, "tokenizer": "t"}'],
+    ],
+)
+def test_a_setting_that_only_mentions_tokens_or_keys_stays_readable(argv: list[str]) -> None:
+    assert mask_argv(argv) == argv
+
+
+def test_of_sglang_s_own_flags_only_the_keys_and_the_password_are_hidden(sglang_python: Path) -> None:
+    """Every flag of SGLang 0.5.23's server (its real parser, in the tier) given a value: those hidden are exactly
+    the two API keys and the SSL key file's password."""
+    flags: list[str] = in_tier(sglang_python, "-c", SGLANG_FLAGS)["flags"]
+    assert len(flags) > 500 and "--speculative-token-map" in flags
+    hidden = {flag for flag in flags if mask_argv([flag, "v"])[1] == MASK}
+    assert hidden == {"--api-key", "--admin-api-key", "--ssl-keyfile-password"}
+    assert {flag for flag in flags if mask_argv([f"{flag}=v"])[0] != f"{flag}=v"} == hidden
+
+
+SGLANG_FLAGS = (
+    "import argparse, json; from sglang.srt.server_args import ServerArgs; parser = argparse.ArgumentParser(); "
+    "ServerArgs.add_cli_args(parser); "
+    "print(json.dumps({'flags': sorted(o for a in parser._actions for o in a.option_strings if o[:2] == '--')}))"
+)
+secret_words = st.sampled_from(["token", "key", "secret", "password", "auth", "credential", "apikey", "hftoken"])
+strong_words = st.sampled_from(["secret", "password", "passwd", "auth", "credential", "credentials"])
+plain_name_words = st.sampled_from(["hf", "api", "model", "path", "file", "my", "db", "client", "x2", "ssl"])
+values = st.text(st.characters(codec="utf-8", exclude_characters="\0"), min_size=1, max_size=16).filter(
+    lambda s: not re.match(r"--[A-Za-z]", s) and " " not in s and "=" not in s and "{" not in s and MASK not in s
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    before=st.lists(plain_name_words, max_size=3),
+    after=st.lists(plain_name_words, max_size=2),
+    last=secret_words,
+    strong=strong_words,
+    sep=st.sampled_from(["-", "_"]),
+    value=values,
+    upper=st.booleans(),
+)
+def test_a_flag_or_name_with_a_secret_word_never_shows_its_value(
+    before: list[str], after: list[str], last: str, strong: str, sep: str, value: str, upper: bool
+) -> None:
+    """A secret word ending a flag, a strong one anywhere in it, any of them anywhere in an env name: the value,
+    given as the next word, after `=` or in a JSON object, is replaced and nothing else is."""
+    ending = sep.join([*before, last])
+    anywhere = sep.join([*before, strong, *after])
+    for flag in (f"--{ending}", f"--{anywhere}"):
+        flag = flag.upper() if upper else flag
+        assert mask_argv(["serve", flag, value, "--port", "8"]) == ["serve", flag, MASK, "--port", "8"]
+        assert mask_argv(["serve", f"{flag}={value}"]) == ["serve", f"{flag}={MASK}"]
+    name = sep.join([*before, last, *after]).upper()
+    assert mask_argv(["env", f"{name}={value}", "serve"]) == ["env", f"{name}={MASK}", "serve"]
+    assert mask_env({name: value}) == {name: MASK}
+    document = json.dumps({name.lower(): value, "port": 8})
+    assert mask_argv(["serve", "--extra-config", document]) == [
+        "serve",
+        "--extra-config",
+        json.dumps({name.lower(): MASK, "port": 8}),
+    ]
