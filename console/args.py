@@ -238,6 +238,12 @@ def logs(p: Parser) -> None:
     p.add_argument("run", metavar="RUN", help="run id, unique id prefix, or name")
     p.add_argument("--tail", type=int, help="only the last N lines")
     p.add_argument("--follow", "-f", action="store_true", help="keep printing until the run ends")
+    p.add_argument(
+        "--raw",
+        action="store_true",
+        help="to a terminal too, the bytes as the run wrote them, escape sequences included (a pipe or a file "
+        "always gets them so; a terminal otherwise sees the run's control characters written out, as \\x1b)",
+    )
 
 
 @command("metrics", "a run's metric rows")

@@ -24,8 +24,9 @@ from console.client import PAST_END, AgentClient, follow
 from console.errors import AgentError, TransportError
 from console.links import links
 from console.one_shot import cmd_kill, cmd_stacks, cmd_status
-from console.output import EXIT_FAILED, EXIT_OK, EXIT_USAGE, doctor_text, dump, failed, note, out
+from console.output import EXIT_FAILED, EXIT_OK, EXIT_USAGE, doctor_text, dump, failed, note, out, report
 from console.transport import LocalTransport, Transport
+from console.visible import TerminalLog
 from console.watching import watch_runs
 
 if TYPE_CHECKING:
@@ -108,9 +109,9 @@ def report_launched(result: LaunchResult, as_json: bool) -> int:
     """Print a new run's id (or the whole reply as JSON); fail when it could not start."""
     verdict, flags = result.get("doctor"), result.get("flags")
     if flags and not as_json:
-        print(render.flags_text(flags), file=sys.stderr)
+        report(render.flags_text(flags))
     if verdict and verdict["findings"] and not as_json:
-        print(doctor_text(verdict), file=sys.stderr)
+        report(doctor_text(verdict))
     if as_json:
         dump(result)
     else:
@@ -153,11 +154,6 @@ async def cmd_free_gpus(client: AgentClient, ns: argparse.Namespace, _: list[str
     return EXIT_FAILED if held else EXIT_OK
 
 
-def write_log(data_b64: str) -> None:
-    sys.stdout.buffer.write(base64.b64decode(data_b64))
-    sys.stdout.buffer.flush()
-
-
 async def cmd_watch(client: AgentClient, ns: argparse.Namespace, _: list[str]) -> int:
     """Each run's changes of state, one timed line each, across lost connections, until Ctrl-C."""
     await watch_runs(client, ns, note)
@@ -167,23 +163,26 @@ async def cmd_watch(client: AgentClient, ns: argparse.Namespace, _: list[str]) -
 async def cmd_logs(client: AgentClient, ns: argparse.Namespace, _: list[str]) -> int:
     if ns.tail is not None and ns.tail < 0:
         raise UsageError("--tail needs a count of lines, 0 or more")
+    # Byte for byte into a pipe or a file; to a terminal, the run's escapes are shown, not obeyed (unless --raw).
+    log = TerminalLog(sys.stdout.buffer, shown=not ns.raw and sys.stdout.isatty())
     chunk = await client.logs(ns.run, tail=ns.tail)
-    write_log(chunk["data_b64"])
+    log.write(base64.b64decode(chunk["data_b64"]))
     offset = chunk["next_offset"]
     while not ns.follow and offset < chunk["size"]:
         chunk = await client.logs(ns.run, offset=offset)
-        write_log(chunk["data_b64"])
+        log.write(base64.b64decode(chunk["data_b64"]))
         offset = chunk["next_offset"]
     if not ns.follow:
+        log.write(b"", end=True)
         return EXIT_OK
     async for msg in follow(client, ns.run, {"log": offset, "metrics": PAST_END, "events": PAST_END}, note):
         if msg["stream"] == "log":
-            write_log(msg["data_b64"])
+            log.write(base64.b64decode(msg["data_b64"]))
         elif msg["stream"] == "end" and msg.get("error"):
             note(msg["error"])
             return EXIT_FAILED
         elif msg["stream"] == "end" and msg.get("failure"):
-            note(render.printable(f"run {ns.run} failed: {msg['failure']}"))
+            note(f"run {ns.run} failed: {msg['failure']}")
     return EXIT_OK
 
 
@@ -207,7 +206,7 @@ async def follow_metrics(client: AgentClient, run: str, wide: bool = False) -> i
                 return EXIT_FAILED
             final = msg["state"]
             failure = f": {msg['failure']}" if msg.get("failure") else ""
-    note(render.printable(f"run {run} {final}{failure}"))
+    note(f"run {run} {final}{failure}")
     return EXIT_OK if final == "exited" else EXIT_FAILED
 
 
@@ -290,7 +289,7 @@ async def follow_startup(client: AgentClient, run: str) -> int:
         if msg["stream"] == "end":
             why = f": {msg['failure']}" if msg.get("failure") else ""
             ended = msg.get("error") or f"run {run} {msg['state']} before it was ready{why}; see `logs {run}`"
-            note(render.printable(ended))
+            note(ended)
             return EXIT_FAILED
         for event in msg.get("rows", []) if msg["stream"] == "events" else []:
             line = render.startup_event(event)
@@ -322,11 +321,11 @@ async def cmd_bench(client: AgentClient, ns: argparse.Namespace, _: list[str]) -
         return EXIT_FAILED
     note(f"bench run {run} (`logs {run}`, `kill {run}`)")
     final = None
+    stream = sys.stderr if ns.json else sys.stdout
+    log = TerminalLog(stream.buffer, shown=stream.isatty())
     async for msg in follow(client, run, {"log": 0, "metrics": PAST_END, "events": PAST_END}, note):
         if msg["stream"] == "log":
-            data = base64.b64decode(msg["data_b64"])
-            (sys.stderr.buffer if ns.json else sys.stdout.buffer).write(data)
-            (sys.stderr if ns.json else sys.stdout).flush()
+            log.write(base64.b64decode(msg["data_b64"]))
         elif msg["stream"] == "end":
             if msg.get("error"):
                 note(msg["error"])

@@ -10,6 +10,7 @@ from console import render
 from console.bench_text import bench_lines
 from console.ops import AgentOps
 from console.output import EXIT_FAILED, EXIT_OK, dump, note, out
+from console.visible import visible
 
 
 async def cmd_status(client: AgentOps, ns: argparse.Namespace, _: list[str]) -> int:
@@ -28,7 +29,7 @@ async def cmd_status(client: AgentOps, ns: argparse.Namespace, _: list[str]) -> 
 async def cmd_stacks(client: AgentOps, ns: argparse.Namespace, _: list[str]) -> int:
     result = await client.stacks(ns.run, now=ns.now)
     note(f"{result['file']} (taken {render.clock(result['taken_at'])})")
-    sys.stdout.write(result["text"])
+    sys.stdout.write(visible(result["text"]))  # frames name the run's argv and files: shown, never obeyed
     return EXIT_OK
 
 

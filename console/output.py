@@ -11,17 +11,24 @@ import sys
 
 from backends.protocol import DoctorResult
 from console.errors import AgentError, TransportError
+from console.visible import printable, visible
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
 
 def note(text: str) -> None:
-    """A line for the person watching, on stderr (stdout stays the data)."""
-    print(f"eagle3-console: {text}", file=sys.stderr, flush=True)
+    """A line for the person watching, on stderr (stdout stays the data); what a run wrote into it is shown, never
+    acted on by the terminal (see console.visible), as in everything below."""
+    print(f"eagle3-console: {printable(text)}", file=sys.stderr, flush=True)
 
 
 def out(text: str) -> None:
-    print(text, flush=True)
+    print(visible(text), flush=True)
+
+
+def report(text: str) -> None:
+    """Lines for the person on stderr (the findings behind a refusal), stdout kept for the data."""
+    print(visible(text), file=sys.stderr, flush=True)
 
 
 def dump(obj: object) -> None:
@@ -42,6 +49,6 @@ def failed(exc: AgentError | TransportError) -> int:
         note(str(exc))
         return EXIT_FAILED
     if exc.code in ("doctor_refused", "flags_refused") and exc.details:
-        print(doctor_text(exc.details), file=sys.stderr)
+        report(doctor_text(exc.details))
     note(exc.message)
     return EXIT_USAGE if exc.code in ("bad_args", "unknown_op") else EXIT_FAILED

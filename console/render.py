@@ -10,7 +10,6 @@ import math
 import re
 import shlex
 import time
-import unicodedata
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
@@ -27,31 +26,12 @@ from backends.protocol import (
     nonfinite_spelled,
 )
 from console.host_runs import own_id
+from console.visible import printable
 
 if TYPE_CHECKING:
     from console.config import Host
 
 NA = "n/a"
-# What a terminal acts on rather than shows: controls (ESC, newline, BEL), format characters (bidi
-# overrides), line and paragraph separators; and lone surrogates, which no terminal can be sent.
-HIDDEN_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Zl", "Zp"})
-NAMED_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
-
-
-def printable(text: str) -> str:
-    """`text` safe to show in one cell or line: each character a terminal would act on is written
-    as its escape (`\\x1b`, `\\n`, `\\u202e`), so a run's name or command cannot move the cursor,
-    recolour the screen or break a table's row."""
-    if text.isprintable():
-        return text
-    return "".join(_escaped(ch) if unicodedata.category(ch) in HIDDEN_CATEGORIES else ch for ch in text)
-
-
-def _escaped(ch: str) -> str:
-    code = ord(ch)
-    if ch in NAMED_ESCAPES:
-        return NAMED_ESCAPES[ch]
-    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
 
 
 def command_line(argv: list[str]) -> str:

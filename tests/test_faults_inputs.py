@@ -25,6 +25,7 @@ from console.errors import AgentError
 from console.transport import LocalTransport
 from console.tui.app import ConsoleApp
 from console.tui.panels import RunDetail, RunsTable, detail_text, run_row
+from console.visible import printable
 from console.watching import watch_lines
 from tests.conftest import CLI, launch, run_info, until, wait_state
 
@@ -187,8 +188,8 @@ def test_no_rendered_table_cell_line_or_panel_holds_a_control_character(
 
 
 def test_controls_are_written_as_their_escapes() -> None:
-    assert render.printable("\x1b[31mred\nline\ttab\r\x07\u202e") == "\\x1b[31mred\\nline\\ttab\\r\\x07\\u202e"
-    assert render.printable("plain text, ünïcode and 🦅") == "plain text, ünïcode and 🦅"
+    assert printable("\x1b[31mred\nline\ttab\r\x07\u202e") == "\\x1b[31mred\\nline\\ttab\\r\\x07\\u202e"
+    assert printable("plain text, ünïcode and 🦅") == "plain text, ünïcode and 🦅"
 
 
 NAME = "\x1b[31mred\nline [bold]x[/bold]"

@@ -112,7 +112,7 @@ async def test_slash_finds_text_n_and_N_step_through_it_and_the_view_holds_on_th
         await pilot.press("y")  # no search: the lines in view
         await until(pilot, lambda: app.clipboard.endswith("step 319 LOSS late"), what="the lines in view copied")
         copied = app.clipboard.splitlines()
-        assert len(copied) > 1 and "\n".join(copied) == "\n".join(list(log.kept)[-len(copied) :])
+        assert len(copied) > 1 and "\n".join(copied) == "\n".join(line.plain for line in list(log.kept)[-len(copied) :])
         assert any(n.message.startswith(f"copied {len(copied)} lines (OSC 52") for n in notes)
 
 

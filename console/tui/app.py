@@ -16,11 +16,13 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar, cast
 
+from rich.text import Text
 from textual import on, work
 from textual.actions import SkipAction
 from textual.app import App, ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, Vertical
+from textual.notifications import SeverityLevel
 from textual.widgets import DataTable, Footer, Header, Static
 
 from backends.protocol import TERMINAL_STATES, MetricRow, NonfiniteValue, RunInfo, StatusResult
@@ -35,10 +37,11 @@ from console.tui.chart import ChartPicker, ChartsPanel, RunMetrics, choices, def
 from console.tui.commands import RunCommands
 from console.tui.dialogs import ConfirmScreen, HelpScreen, RelaunchScreen, TextScreen
 from console.tui.gpu_panel import GpuPanel
-from console.tui.log import FindPrompt, TailLog
+from console.tui.log import FindPrompt, LineReader, TailLog, log_text
 from console.tui.panels import JOB_KEY, RunDetail, RunFacts, RunsTable, health_styles, lineage_edits
 from console.tui.progress import Progress, total_steps
 from console.tui.timeline import timeline
+from console.visible import printable, visible
 from themes import register_themes
 
 if TYPE_CHECKING:
@@ -48,7 +51,6 @@ POLL_S = 2.0
 FLASH_S = 6.0  # how long a passing message stays
 LOG_TAIL_LINES = 200
 PROGRESS_CHARS = 200
-MAX_PARTIAL = 64 * 1024  # a line without an end is kept to this length
 KILL_GRACE_S = 10.0
 LOUD_TIMEOUT_S = 15.0  # errors and stalls stay up longer than news
 MAX_LINEAGE = 50  # attempts followed back through their parents for the last one that logged
@@ -134,6 +136,19 @@ class ConsoleApp(App[None]):
         self.set_interval(1.0, self.show_selected)  # the live counters (silent for, the current phase) move
         self.poll()
 
+    def notify(
+        self,
+        message: str,
+        *,
+        title: str = "",
+        severity: SeverityLevel = "information",
+        timeout: float | None = None,
+        markup: bool = True,
+    ) -> None:
+        """Every toast (the widgets' too, which come here): plain text, never markup, a run's control characters
+        shown, not obeyed; most carry a run's words (its name, an error the host quoted, a failure line)."""
+        super().notify(visible(message), title=printable(title), severity=severity, timeout=timeout, markup=False)
+
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         return not (self.readonly and action in ("kill", "relaunch", "free_gpus"))
 
@@ -196,7 +211,7 @@ class ConsoleApp(App[None]):
     def banner(self, text: str | None) -> None:
         link = self.query_one("#link", Static)
         link.display = text is not None
-        link.update(text or "")
+        link.update(Text(printable(text or "")))  # the host's words: plain text, shown
 
     def show_status(self, status: StatusResult) -> None:
         links = cast(HostsStatus, status).get("links") or {}  # several hosts: each link said on its own
@@ -243,7 +258,7 @@ class ConsoleApp(App[None]):
             ended = f" ({render.exit_text(run)})" if run["state"] in TERMINAL_STATES else ""
             how = run["state"] + (f": {run['failure']}" if run.get("failure") else ended)
             self.notify(
-                render.printable(f"run {run['id']}, the relaunch of {parent}: {how}"),
+                printable(f"run {run['id']}, the relaunch of {parent}: {how}"),
                 title="relaunch",
                 severity="error" if failed else "information",
                 timeout=LOUD_TIMEOUT_S if failed else None,
@@ -366,7 +381,8 @@ class ConsoleApp(App[None]):
             return
         except TransportError:
             return
-        partial = self.write_log(log, b"", chunk["data_b64"])
+        reader = LineReader()  # this run's lines, however long, a progress bar's redraws, as they come
+        self.write_log(log, reader, chunk["data_b64"])
         offsets = {"log": chunk["next_offset"], "metrics": metrics.offset, "events": 0}
         while True:
             await self.connected.wait()
@@ -378,7 +394,7 @@ class ConsoleApp(App[None]):
                 continue
             async for msg in sub:
                 if msg["stream"] == "log":
-                    partial = self.write_log(log, partial, msg["data_b64"])
+                    self.write_log(log, reader, msg["data_b64"])
                     self.output_seen = time.monotonic()
                 elif msg["stream"] == "events":
                     self.events += [row for row in msg["rows"] if isinstance(row, dict)]
@@ -397,23 +413,20 @@ class ConsoleApp(App[None]):
             while self.client.generation == generation:
                 await asyncio.sleep(0.2)
 
-    def write_log(self, log: TailLog, partial: bytes, data_b64: str) -> bytes:
+    def write_log(self, log: TailLog, reader: LineReader, data_b64: str) -> None:
         """Write the complete lines; a progress bar being redrawn (\\r, no newline yet) shows below the log."""
-        *lines, rest = (partial + base64.b64decode(data_b64)).split(b"\n")
-        for line in lines:
-            text = line.decode(errors="replace").split("\r")[-1]
-            self.exceptions.feed(text)
-            log.add(text or " ")
+        for line in reader.feed(base64.b64decode(data_b64)):
+            self.exceptions.feed(line)
+            log.add(line or " ")
         self.facts.last_exception = self.exceptions.last
-        bar = next((part for part in reversed(rest.split(b"\r")) if part.strip()), b"")
-        self.show_progress(bar.decode(errors="replace")[-PROGRESS_CHARS:])
-        return rest[-MAX_PARTIAL:]
+        self.show_progress(reader.progress()[-PROGRESS_CHARS:])
 
     def show_progress(self, text: str) -> None:
         """The progress bar line below the log; an update lays the screen out again, so only when it changed."""
         progress = self.query_one("#progress", Static)
-        if text != str(progress.content):
-            progress.update(text)
+        shown = log_text(text)  # the run's bytes, as the log shows them: never markup, its escapes written out
+        if shown.plain != str(progress.content):
+            progress.update(shown)
 
     async def feed(self, run_id: str) -> None:
         """The run's rows received but not yet in its store, FEED_ROWS at a time: a long history freezes nothing."""
@@ -439,7 +452,7 @@ class ConsoleApp(App[None]):
             return
         self.nan_told.add(run_id)
         at = f" at step {nonfinite['step']}" if nonfinite["step"] is not None else ""
-        text = render.printable(f"run {run_id}: {nonfinite['metric']} is {nonfinite['value']}{at}")
+        text = printable(f"run {run_id}: {nonfinite['metric']} is {nonfinite['value']}{at}")
         self.notify(text, title="metrics", severity="warning", timeout=LOUD_TIMEOUT_S, markup=False)
 
     @work(exclusive=True, group="lineage")
@@ -518,11 +531,11 @@ class ConsoleApp(App[None]):
         ranks = [r for r in self.job_nodes(run) if r["state"] not in TERMINAL_STATES]
         if len(ranks) > 1:  # a node of a job: the job goes whole, every node on every host
             where = ", ".join(dict.fromkeys(r.get("host", "this host") for r in ranks))
-            job = render.printable(run["job"]["id"])
+            job = printable(run["job"]["id"])
             question = f"Send SIGTERM to job {job}: its {len(ranks)} live node runs ({where})?"
         else:
             ranks = [run]
-            question = f"Send SIGTERM to run {run['id']} ({render.printable(run['name'])}, pid {run['pid']})?"
+            question = f"Send SIGTERM to run {run['id']} ({printable(run['name'])}, pid {run['pid']})?"
         details = f"SIGKILL follows after {KILL_GRACE_S:.0f} s for whatever is left of them."
 
         def answered(yes: bool | None) -> None:
@@ -629,7 +642,7 @@ class ConsoleApp(App[None]):
         if not plan["gpus"]:
             why = f": {self.gpu_error}" if self.gpu_error else ""
             self.notify(
-                render.printable(f"this host shows no GPU (GPU source: {plan['gpu_source']}){why}; nothing to free"),
+                printable(f"this host shows no GPU (GPU source: {plan['gpu_source']}){why}; nothing to free"),
                 title="free GPUs",
                 severity="warning",
                 markup=False,

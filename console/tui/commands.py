@@ -10,7 +10,7 @@ from textual.command import DiscoveryHit, Hit, Provider
 from textual.markup import escape
 
 from backends.protocol import RunInfo
-from console.render import printable
+from console.visible import printable
 
 
 class RunPicker(Protocol):

@@ -17,6 +17,7 @@ from textual.widgets import Button, Input, Label, Static
 from console.render import command_line
 from console.tui.panels import NEW_FAILURE, STATE_STYLES
 from console.tui.timeline import HEALTH_CELLS
+from console.visible import printable, visible
 
 
 def dialog_css(screen: str) -> str:
@@ -67,10 +68,10 @@ class ConfirmScreen(ModalScreen[bool]):
 
     def compose(self) -> ComposeResult:
         with Vertical():
-            # Text, not markup: a run's name or command line may hold brackets.
-            yield Static(Text(self.question), id="question")
+            # Text, not markup: a run's name or command line may hold brackets, and escapes (shown, not obeyed).
+            yield Static(Text(visible(self.question)), id="question")
             if self.details:
-                yield Static(Text(self.details), id="details")
+                yield Static(Text(visible(self.details)), id="details")
             with Horizontal():
                 yield Button("Cancel (n)", id="cancel", variant="primary")
                 yield Button("Yes (y)", id="yes", variant="error")
@@ -167,9 +168,9 @@ class TextScreen(ModalScreen[None]):
 
     def compose(self) -> ComposeResult:
         with Vertical():
-            yield Label(self.title_text, id="title")
-            with VerticalScroll():
-                yield Static(Text(self.text), id="text")
+            yield Label(Text(printable(self.title_text)), id="title")
+            with VerticalScroll():  # a stack dump names the run's argv and files: its escapes shown, not obeyed
+                yield Static(Text(visible(self.text)), id="text")
 
     def action_close(self) -> None:
         self.dismiss(None)

@@ -17,7 +17,8 @@ from textual.widget import Widget
 from textual.widgets import Static
 
 from backends.protocol import GpuInfo, GpuProcess, InferredHolder, RunInfo, StatusResult
-from console.render import inferred_note, printable
+from console.render import inferred_note
+from console.visible import printable
 from themes import signals
 
 WINDOW_S = 300.0  # what a sparkline spans

@@ -1,6 +1,10 @@
 """The selected run's log: it follows its tail, wraps on request, finds text (`/`, `n`, `N`), scrolls cut lines
 sideways, copies lines (`y`) and lets the mouse select text.
 
+A run's bytes are data: each line is shown as `log_text` makes it (colours parsed, every other escape written out,
+never sent to the terminal), a progress bar redrawn with `\r` as its last state, a very long line cut with its
+size said (`LineReader`), so the log keeps what it holds bounded and its rows drawable.
+
 It is a ScrollView of its own rather than a RichLog: it keeps how many rows each line took, so a found line's
 place stays right as lines arrive and fall off and when wrapping changes, and it draws the offsets that
 Textual's mouse selection reads (RichLog draws none: a drag over it selects nothing).
@@ -9,6 +13,7 @@ Textual's mouse selection reads (RichLog draws none: a drag over it selects noth
 from __future__ import annotations
 
 import bisect
+import codecs
 import re
 from collections import deque
 from collections.abc import Iterable
@@ -34,9 +39,106 @@ from textual.timer import Timer
 from textual.widgets import Input, Label
 
 from console.tui.pacing import until_beat
+from console.visible import visible, visible_keeping_sgr
 
 WRAP_WIDTH = 78  # wrapping before the log knows its width (it wraps again at its own width once it does)
 COPIED = "(OSC 52: your terminal must allow it)"
+SHOWN_BYTES = 16 * 1024  # of one line (SGLang's server_args line, a few KB, stays whole); `logs` has it all
+PROGRESS_BYTES = 1024  # kept of the end of the line being written, for the progress bar under the log
+CUT = "…"
+
+
+def log_text(line: str) -> Text:
+    """A run's log line as the log shows it: its colours (SGR) parsed by Rich, every other character a terminal
+    would act on written out (`\x1b]52;...`: see console.visible), tabs expanded."""
+    if line.isprintable():
+        text = Text(line)
+    elif "\x1b[" in line:
+        text = Text.from_ansi(visible_keeping_sgr(line))
+    else:
+        text = Text(visible(line, keep="\t"))
+    text.expand_tabs()
+    return text
+
+
+def size_text(size: int) -> str:
+    """`812 B`, `12.3 kB`, `1.9 MB`, `2.0 GB`."""
+    if size < 1000:
+        return f"{size} B"
+    value, unit = size / 1000, "kB"
+    for bigger in ("MB", "GB"):
+        if value < 999.95:
+            break
+        value, unit = value / 1000, bigger
+    return f"{value:.1f} {unit}"
+
+
+@dataclass
+class Part:
+    """One part of a line between carriage returns, bounded: its first SHOWN_BYTES, its last PROGRESS_BYTES and
+    its size."""
+
+    head: bytearray = field(default_factory=bytearray)
+    tail: bytes = b""
+    size: int = 0
+
+    def add(self, data: bytes) -> None:
+        if len(self.head) < SHOWN_BYTES:
+            self.head += data[: SHOWN_BYTES - len(self.head)]
+        self.tail = (self.tail + data)[-PROGRESS_BYTES:]
+        self.size += len(data)
+
+    @property
+    def blank(self) -> bool:
+        return self.size == len(self.head) and not self.head.strip()
+
+    def shown(self) -> str:
+        """The part as a line of the log: whole, or its head and how much more there was (`… [+1.9 MB]`)."""
+        if self.size == len(self.head):
+            return self.head.decode(errors="replace")
+        head = codecs.getincrementaldecoder("utf-8")("replace").decode(bytes(self.head))  # its torn end dropped
+        return f"{head} {CUT} [+{size_text(self.size - len(self.head))}]"
+
+    def end(self) -> str:
+        """The part's last characters, for the progress bar (a torn first character dropped)."""
+        tail = self.tail
+        while tail and 0x80 <= tail[0] < 0xC0:
+            tail = tail[1:]
+        return tail.decode(errors="replace")
+
+
+class LineReader:
+    """A run's log bytes, in chunks of any size, into the lines the log shows. A line shows its last state, as a
+    terminal would once a progress bar has redrawn it with `\r`: its last part holding more than blanks; a line
+    over SHOWN_BYTES is cut (see `Part.shown`). What it keeps is bounded, however long a line grows."""
+
+    def __init__(self) -> None:
+        self.part = Part()  # the part being written
+        self.last: Part | None = None  # the last part before it that held more than blanks
+
+    def feed(self, data: bytes) -> list[str]:
+        """The lines `data` ended."""
+        lines: list[str] = []
+        at = 0
+        for found in re.finditer(rb"[\r\n]", data):
+            self.part.add(data[at : found.start()])
+            at = found.end()
+            if found.group() == b"\r":
+                if not self.part.blank:
+                    self.last = self.part
+                self.part = Part()
+            else:
+                lines.append(self.state().shown())
+                self.part, self.last = Part(), None
+        self.part.add(data[at:])
+        return lines
+
+    def state(self) -> Part:
+        return self.last if self.part.blank and self.last is not None else self.part
+
+    def progress(self) -> str:
+        """The end of the line being written, as it stands (a bar's last redraw); empty after a line's end."""
+        return self.state().end()
 
 
 @dataclass
@@ -102,7 +204,7 @@ class TailLog(ScrollView, can_focus=True):
     def __init__(self, max_lines: int, id: str | None = None) -> None:
         super().__init__(id=id)
         self.max_lines = max_lines
-        self.kept: deque[str] = deque()  # the lines as written
+        self.kept: deque[Text] = deque()  # the lines as shown (see `log_text`)
         self.heights: deque[int] = deque()  # how many rows each kept line takes
         self.lines: list[Strip] = []  # the rows drawn, every kept line's in turn
         self.dropped = 0  # lines fallen off the top so far: the first kept line's number
@@ -122,8 +224,9 @@ class TailLog(ScrollView, can_focus=True):
     # --- lines in, rows out -------------------------------------------------------------------
 
     def add(self, line: str) -> None:
-        """A line at the end, shown at the next beat with the others that came meanwhile: a log that scrolls at
-        every line draws every row in view again each time, at 10 lines a second most of the console's work."""
+        """A line (the run's or the console's own) at the end, shown at the next beat with the others that came
+        meanwhile: a log that scrolls at every line draws every row in view again each time, at 10 lines a second
+        most of the console's work."""
         self.pending.append(line)
         if self.flush_timer is None:
             self.flush_timer = self.set_timer(until_beat(), self.flush)
@@ -151,11 +254,12 @@ class TailLog(ScrollView, can_focus=True):
     def append(self, line: str) -> int:
         """One line into the rows; returns how many rows fell off the top to make room."""
         number = self.dropped + len(self.kept)
-        if self.search is not None and self.search.pattern.search(line):
+        text = log_text(line)
+        if self.search is not None and self.search.pattern.search(text.plain):
             self.search.found.append(number)
             self.border_title = self.search.status()
-        rows = self.rows_of(line, number)
-        self.kept.append(line)
+        rows = self.rows_of(text, number)
+        self.kept.append(text)
         self.heights.append(len(rows))
         self.lines.extend(rows)
         self.widest = max(self.widest, *(row.cell_length for row in rows))
@@ -190,11 +294,10 @@ class TailLog(ScrollView, can_focus=True):
         if self.styles.scrollbar_visibility != visibility:
             self.styles.scrollbar_visibility = visibility
 
-    def rows_of(self, line: str, number: int) -> list[Strip]:
+    def rows_of(self, text: Text, number: int) -> list[Strip]:
         """A line's rows: one cut row, or as many as wrapping at the log's width takes; matches highlighted."""
-        text = Text(line)
-        text.expand_tabs()
         if self.search is not None:
+            text = text.copy()
             match_style, current_style = self.match_styles()
             style = current_style if number == self.search.at else match_style
             for match in self.search.pattern.finditer(text.plain):
@@ -303,7 +406,7 @@ class TailLog(ScrollView, can_focus=True):
             return
         self.last_find = text
         pattern = plain_pattern(text)
-        found = [self.dropped + index for index, line in enumerate(self.kept) if pattern.search(line)]
+        found = [self.dropped + index for index, line in enumerate(self.kept) if pattern.search(line.plain)]
         if not found:
             self.notify(f"no match for {text}", title="find", severity="warning", markup=False)
             return
@@ -347,7 +450,7 @@ class TailLog(ScrollView, can_focus=True):
         if not self.scroll_y <= row <= self.scroll_y + view.height - height:
             y = row - (view.height - height) // 2
         x: float | None = 0 if self.wrap else None
-        match = search.pattern.search(self.kept[index].expandtabs())
+        match = search.pattern.search(self.kept[index].plain)
         if not self.wrap and match is not None:
             start, end = cell_len(match.string[: match.start()]), cell_len(match.string[: match.end()])
             if start < self.scroll_x or end > self.scroll_x + view.width:
@@ -380,7 +483,7 @@ class TailLog(ScrollView, can_focus=True):
             first = last = self.search.at - self.dropped
         else:
             first, last = self.lines_in_view()
-        self.app.copy_to_clipboard("\n".join(islice(self.kept, first, last + 1)))
+        self.app.copy_to_clipboard("\n".join(line.plain for line in islice(self.kept, first, last + 1)))
         count = last - first + 1
         self.notify(f"copied {count} line{'s' if count != 1 else ''} {COPIED}", title="copy")
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from itertools import pairwise
 
 from backends.protocol import Metric, MetricRow, nonfinite_spelled
+from console.visible import printable
 
 DEFAULT_SMOOTHING = 0.6  # TensorBoard's default weight
 WARMUP_FRACTION = 0.05  # the robust y range leaves out this much of the start of a curve
@@ -344,6 +345,8 @@ class MetricStore:
     one is fixed by the first row (`x_label`), and a later row without it takes the x of the row before.
     `step` and `t` are x axes, never series. Each series purges on its own when its x goes back (a resumed
     run), so an eval row never removes a training point, even one logged late with an older step.
+    A series is named as it is shown (`printable`): a run's metric name reaches every title, legend and picker
+    that names it already made safe for the terminal.
     """
 
     def __init__(self, smoothing: float = DEFAULT_SMOOTHING) -> None:
@@ -366,9 +369,10 @@ class MetricStore:
         elif (x := _x(row.get(self._x_key))) is not None:
             self._x = x
         got: set[str] = set()
-        for name, value in row.items():
-            if name in (Metric.STEP, Metric.TIME):
+        for written, value in row.items():
+            if written in (Metric.STEP, Metric.TIME):
                 continue
+            name = printable(written)
             y = series_value(name, value)
             if y is None:
                 continue

@@ -26,7 +26,6 @@ from console.render import (
     command_line,
     corrupt_text,
     exit_text,
-    printable,
     run_gpus,
     stall_text,
 )
@@ -39,6 +38,7 @@ from console.tui.timeline import (
     summary_lines,
     wrap_steps,
 )
+from console.visible import printable
 from themes import signals
 
 # A state is shown by its word and a colour together (never by colour alone).
