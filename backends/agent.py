@@ -28,6 +28,7 @@ from backends.bounded import bounded_info, within_budget
 from backends.doctor.convert import ConvertError, convert
 from backends.doctor.full import full_diagnosis
 from backends.fileio import read_jsonl
+from backends.host import procinfo
 from backends.host.freegpus import FreePlan, free_gpus
 from backends.host.gpus import GpuSampler, infer_by_visible_devices
 from backends.protocol import (
@@ -59,7 +60,17 @@ from backends.protocol import (
 )
 from backends.runs import control as runctl
 from backends.runs import job, preflight
-from backends.runs.store import DEFAULT_WORKDIR, EVENTS, METRICS, OUTPUT, RunDir, RunNotFound, RunStore, StoreError
+from backends.runs.store import (
+    CHILD_ONLY_ENV,
+    DEFAULT_WORKDIR,
+    EVENTS,
+    METRICS,
+    OUTPUT,
+    RunDir,
+    RunNotFound,
+    RunStore,
+    StoreError,
+)
 from backends.runs.visible_devices import visible_devices
 
 STREAM_FILES = {"log": OUTPUT, "metrics": METRICS, "events": EVENTS}
@@ -593,4 +604,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    procinfo.restart_without(CHILD_ONLY_ENV)  # an agent started from inside a run is not that run's
     sys.exit(main())

@@ -10,10 +10,12 @@ import abc
 import asyncio
 import collections
 import contextlib
+import os
 import sys
 from pathlib import Path
 
 from backends.protocol import MAX_LINE_BYTES
+from backends.runs.store import CHILD_ONLY_ENV
 from console.errors import TransportError
 
 STDERR_KEEP_LINES = 20
@@ -63,6 +65,8 @@ class LocalTransport(Transport):
                 stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.PIPE,
                 limit=MAX_LINE_BYTES,
+                # A console started from inside a run starts an agent of no run: what it launches is its own.
+                env={key: value for key, value in os.environ.items() if key not in CHILD_ONLY_ENV},
             )
         except OSError as exc:
             raise TransportError(f"cannot start the local agent: {exc}") from None

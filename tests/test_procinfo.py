@@ -298,3 +298,44 @@ def test_run_processes_of_a_child_recorded_on_another_boot_are_none(spawn: Spawn
     elsewhere = dataclasses.replace(identity(proc.pid), boot_id="another-boot")
     assert procinfo.run_processes(MARKER, elsewhere) == {}
     assert proc.pid in procinfo.run_processes(MARKER, identity(proc.pid))
+
+
+def test_read_stat_reads_the_session(spawn: Spawn) -> None:
+    ours = procinfo.read_stat(os.getpid())
+    assert ours is not None and ours.sid == os.getsid(0)
+    leader = spawn(["sleep", "30"], start_new_session=True)
+    stat = procinfo.read_stat(leader.pid)
+    assert stat is not None and stat.sid == stat.pgid == leader.pid != ours.sid
+
+
+# The leader leaves a member in its session, renamed (no marker: its environment is cleared), and exits.
+RENAMED_MEMBER = (
+    "import subprocess, sys\n"
+    'code = \'import setproctitle, time; setproctitle.setproctitle("sglang::scheduler"); print(flush=True); '
+    "time.sleep(30)'\n"
+    "member = subprocess.Popen([sys.executable, '-c', code], stdout=subprocess.PIPE)\n"
+    "member.stdout.readline()\n"
+    "print(member.pid, flush=True)\n"
+)
+
+
+def test_run_processes_of_a_session_are_proven_while_its_leaders_pid_is_held(spawn: Spawn) -> None:
+    env = {**os.environ, "EAGLE3_RUN_ID": "test-run"}
+    leader = spawn([sys.executable, "-c", RENAMED_MEMBER], stdout=subprocess.PIPE, start_new_session=True, env=env)
+    assert leader.stdout is not None
+    member = int(leader.stdout.readline())
+    child = identity(leader.pid)
+    try:
+        assert not procinfo.carries_marker(member, MARKER)
+        # The leader has exited and is not reaped: a zombie holds its pid, and the session's number with it.
+        assert wait_for(lambda: (s := procinfo.read_stat(leader.pid)) is not None and s.state == "Z")
+        assert sorted(procinfo.run_processes(MARKER, child, child_reaped=True, session=leader.pid)) == [member]
+        assert procinfo.run_processes(MARKER, child, child_reaped=True) == {}  # no session recorded
+        assert procinfo.run_processes(MARKER, child, child_reaped=True, session=member) == {}  # not the child's
+        stranger = dataclasses.replace(child, start_ticks=child.start_ticks - 1)  # another process of that pid
+        assert procinfo.run_processes(MARKER, stranger, child_reaped=True, session=leader.pid) == {}
+        leader.wait(timeout=5)
+        # Reaped: the number is free for a new session of anyone's, and proves nothing any more.
+        assert procinfo.run_processes(MARKER, child, child_reaped=True, session=leader.pid) == {}
+    finally:
+        os.kill(member, signal.SIGKILL)

@@ -11,7 +11,8 @@ import functools
 import os
 import pwd
 import signal
-from collections.abc import Callable
+import sys
+from collections.abc import Callable, Collection
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -47,6 +48,7 @@ class ProcStat:
     pid: int
     ppid: int
     pgid: int
+    sid: int  # the session: the pid of the process that created it with setsid()
     state: str
     start_ticks: int
     cpu_ticks: int  # user + system time so far, in clock ticks
@@ -74,6 +76,7 @@ def read_stat(pid: int) -> ProcStat | None:
             state=rest[0].decode(),
             ppid=int(rest[1]),
             pgid=int(rest[2]),
+            sid=int(rest[3]),
             start_ticks=int(rest[19]),
             cpu_ticks=int(rest[11]) + int(rest[12]),
         )
@@ -225,6 +228,15 @@ def environ_value(pid: int, name: str) -> str | None:
     return None if found is None else found.decode(errors="replace")
 
 
+def restart_without(names: Collection[str]) -> None:
+    """Run this program again (same pid, command line and descriptors) without the environment variables
+    `names` when it has any. Removing them from os.environ is not enough: /proc/PID/environ shows the
+    environment a process started with, and that is what `run_processes` reads."""
+    if any(name in os.environ for name in names):
+        env = {key: value for key, value in os.environ.items() if key not in names}
+        os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], env)
+
+
 def proc_owner(pid: int) -> int | None:
     try:
         return (PROC / str(pid)).stat().st_uid
@@ -232,17 +244,38 @@ def proc_owner(pid: int) -> int | None:
         return None
 
 
-def run_processes(
-    marker: bytes, child: ProcIdentity | None, stats: list[ProcStat] | None = None, *, child_reaped: bool = False
-) -> dict[int, ProcIdentity]:
-    """A run's live processes, each proven to be the run's: never inferred from a pid or group number.
+def holds_its_pid(ident: ProcIdentity) -> bool:
+    """True while `ident`'s pid is still its own: the process lives, or is a zombie not yet reaped."""
+    stat = read_stat(ident.pid)
+    return ident.boot_id == boot_id() and stat is not None and stat.start_ticks == ident.start_ticks
 
-    Proof is one of: the recorded child itself (pid, start time and boot id all match), until its
-    supervisor has reaped it (a pid reused within the same clock tick matches all three); a process of
-    ours whose environment carries the run's `marker` (the supervisor sets it for the child, children
-    inherit it); a live child, or a member of the live process group, of a process already proven.
-    A child recorded on another boot (a store shared over NFS) proves nothing, and neither does a pid
-    or process group that merely has its number: both recycle.
+
+def run_processes(
+    marker: bytes,
+    child: ProcIdentity | None,
+    stats: list[ProcStat] | None = None,
+    *,
+    child_reaped: bool = False,
+    session: int | None = None,
+) -> dict[int, ProcIdentity]:
+    """A run's live processes, each proven to be the run's: never inferred from a pid, group or session number.
+
+    Proof is one of:
+    - the recorded child itself (pid, start time and boot id all match), until its supervisor has reaped it
+      (a pid reused within the same clock tick matches all three);
+    - a process of ours in the child's `session` (recorded at spawn: the child leads it), while the child's
+      pid is still the child's (alive, or a zombie its supervisor has not reaped). Linux frees a pid only
+      once no process has it as its pid, group or session, and only the process of that pid can create a
+      session of that number: while the child holds its pid, a session of that number is the child's. Nothing
+      inside can erase that: setproctitle clears /proc/PID/environ, a dead launcher's children are re-parented,
+      neither changes a session. The supervisor reaps the child only once its session is empty, for this;
+    - a process of ours whose environment carries the run's `marker` (the supervisor sets it for the child
+      alone, its children inherit it): what proves a process that left the session (setsid, a daemon);
+    - a live child, or a member of the live process group, of a process already proven.
+    A process that left the session and cleared its environment, once its parent is gone, proves nothing and
+    is left alone. (A subreaper supervisor would adopt it, but also adopt the supervisor of a run started from
+    inside this one: that run is its own.) A child recorded on another boot (a store shared over NFS) proves
+    nothing, and neither does a pid, group or session that merely has its number: all three recycle.
     """
     if child is not None and child.boot_id != boot_id():
         return {}
@@ -257,12 +290,13 @@ def run_processes(
         and stat.start_ticks == child.start_ticks
     ):
         proven.add(child.pid)
+    own_session = session if child is not None and session == child.pid and holds_its_pid(child) else None
     floor = child.start_ticks if child is not None else 0  # nothing of the run is older than its child
     for stat in stats:
         # Cheap tests first: the environment is read only for processes of ours born since the child.
         if stat.pid in proven or stat.start_ticks < floor or proc_owner(stat.pid) != me:
             continue
-        if carries_marker(stat.pid, marker):
+        if stat.sid == own_session or carries_marker(stat.pid, marker):
             proven.add(stat.pid)
     # A live parent link, or the group of a live leader, is a current fact: it extends the proof.
     children: dict[int, list[int]] = {}

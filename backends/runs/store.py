@@ -2,7 +2,7 @@
 
     WORKDIR/runs/<run-id>/
         spec.json      what to run (RunSpec), written once at launch
-        proc.json      supervisor and child identities (pid + start time)
+        proc.json      supervisor and child identities (pid + start time), the child's session
         output.log     the child's stdout+stderr, byte-exact
         events.jsonl   launch, state changes, signals sent, exit
         metrics.jsonl  metric rows written by the run
@@ -44,6 +44,7 @@ from backends.host import diskspace, procinfo
 from backends.masking import mask_argv, mask_env
 from backends.protocol import (
     BENCH_SHOWN,
+    ENV_METRICS_FILE,
     PROGRESS_METRICS,
     RUN_KINDS,
     TERMINAL_STATES,
@@ -86,9 +87,12 @@ SUPERVISOR_START_TIMEOUT_S = 30.0
 SPEC_WRITE_GRACE_S = 5.0
 
 # Set for every child, so that its own code (and ours) can find the run; ENV_RUN_ID also marks
-# every process of the run (children inherit it), which is how `RunDir.processes` proves them ours.
+# every process of the run (children inherit it), which is one way `RunDir.processes` proves them ours.
 ENV_RUN_ID = "EAGLE3_RUN_ID"
 ENV_RUN_DIR = "EAGLE3_RUN_DIR"
+# What the supervisor sets for a run's child alone: the agent, the supervisors and the console's local agent
+# start without them, so that a run launched from inside a run is its own, never counted as the outer run's.
+CHILD_ONLY_ENV = (ENV_RUN_ID, ENV_RUN_DIR, ENV_METRICS_FILE)
 
 RUN_ID_RE = re.compile(r"^[0-9]{8}-[0-9]{6}-[0-9]{3}-[0-9a-f]{4}$")
 
@@ -367,13 +371,20 @@ class RunDir:
         return self.spec()
 
     def processes(self, stats: list[procinfo.ProcStat] | None = None) -> dict[int, procinfo.ProcIdentity]:
-        """The run's live processes, each proven to be the run's (see procinfo.run_processes). The exit record
-        is written once the supervisor has reaped the child: from then on the child's pid proves nothing."""
+        """The run's live processes, each proven to be the run's (see procinfo.run_processes). Once the exit
+        record is written the child is gone (a zombie at most): its pid alone proves nothing; its session, as
+        proc.json recorded it (older stores did not), does while the child's pid is still its own."""
         try:
             reaped = self.exit() is not None
         except CorruptFile:
             reaped = False
-        return procinfo.run_processes(f"{ENV_RUN_ID}={self.id}".encode(), self.child(), stats, child_reaped=reaped)
+        try:
+            session = self.proc().get("session")
+        except CorruptFile:
+            session = None
+        marker = f"{ENV_RUN_ID}={self.id}".encode()
+        session = session if type(session) is int else None
+        return procinfo.run_processes(marker, self.child(), stats, child_reaped=reaped, session=session)
 
     def supervisor(self) -> procinfo.ProcIdentity | None:
         return self._identity("supervisor")

@@ -1,11 +1,13 @@
 """One run's supervisor: `python -m backends.runs.supervise [--detach] RUN_DIR`.
 
-Started by the agent in its own session, it starts the child with stdout and
-stderr going straight to output.log (a file, so the child outlives us), records
-both identities in proc.json, keeps the run's watch (`backends.runs.watch`: phases,
-health, stalls), waits, and writes exit.json, with why the run failed when it did
-(`backends.runs.failure_reason`). With --detach it
-forks first and returns at once, so the agent never has a zombie to reap.
+Started by the agent in its own session, it starts the child in a session of the
+child's own with stdout and stderr going straight to output.log (a file, so the
+child outlives us), records both identities and the child's session in proc.json,
+keeps the run's watch (`backends.runs.watch`: phases, health, stalls), waits, and
+writes exit.json, with why the run failed when it did (`backends.runs.failure_reason`).
+It reaps the child only once nothing is left in its session: until then the child's
+zombie keeps the session's number the run's (`procinfo.run_processes`). With --detach
+it forks first and returns at once, so the agent never has a zombie to reap.
 """
 
 from __future__ import annotations
@@ -26,7 +28,18 @@ from backends.host.gpus import GpuSampler
 from backends.protocol import ENV_METRICS_FILE
 from backends.runs import failure_reason, watch
 from backends.runs.metrics_sources import MetricsFollower
-from backends.runs.store import ENV_RUN_DIR, ENV_RUN_ID, EXIT, METRICS, OUTPUT, PROC, SUPERVISOR_LOG, RunDir, StoreError
+from backends.runs.store import (
+    CHILD_ONLY_ENV,
+    ENV_RUN_DIR,
+    ENV_RUN_ID,
+    EXIT,
+    METRICS,
+    OUTPUT,
+    PROC,
+    SUPERVISOR_LOG,
+    RunDir,
+    StoreError,
+)
 
 
 def child_env(run: RunDir, env_overrides: dict[str, str], gpus: list[int]) -> dict[str, str]:
@@ -43,6 +56,7 @@ def child_env(run: RunDir, env_overrides: dict[str, str], gpus: list[int]) -> di
 
 
 RETRY_S = 1.0  # how often a record the full disk refused is tried again
+SESSION_POLL_S = 2.0  # how often an ended child's session is looked at until it is empty
 
 
 class Supervisor:
@@ -139,8 +153,13 @@ class Supervisor:
             self.event("spawn_failed", errno=exc.errno)
             return self.fail(message)
         ident = procinfo.identify(child.pid, include_zombie=True)
+        stat = procinfo.read_stat(child.pid)  # Popen returns after exec: the child has left our session
         # The child's identity: in memory now, on disk through the reserved room (or as soon as there is room).
-        proc.update(child=ident.to_json() if ident else None, child_started_at=time.time())
+        proc.update(
+            child=ident.to_json() if ident else None,
+            session=stat.sid if stat is not None else None,
+            child_started_at=time.time(),
+        )
         self.record(PROC, proc)
         self.event("spawned", pid=child.pid)
         self.event("state", state="running")
@@ -181,15 +200,30 @@ class Supervisor:
         if watcher is not None:  # watch.json agrees with the run's final state
             self.best_effort(lambda: watcher.settle(state))
         self.event("state", state=state)
+        self.release(child)
         return 0
 
     def wait(self, child: subprocess.Popen[bytes]) -> int:
-        """The child's exit code, trying again meanwhile whatever record the disk refused."""
+        """The child's exit code (minus the signal that ended it), trying again meanwhile whatever record the
+        disk refused. The child is left a zombie: see `release`."""
         while True:
-            try:
-                return child.wait(timeout=RETRY_S if self.pending else None)
-            except subprocess.TimeoutExpired:
-                self.retry()
+            flags = os.WEXITED | os.WNOWAIT | (os.WNOHANG if self.pending else 0)
+            ended = os.waitid(os.P_PID, child.pid, flags)
+            if ended is not None:  # WEXITED reports an exit, a kill or a core dump, nothing else
+                return ended.si_status if ended.si_code == os.CLD_EXITED else -ended.si_status
+            time.sleep(RETRY_S)
+            self.retry()
+
+    def release(self, child: subprocess.Popen[bytes]) -> None:
+        """Reap the child once its session is empty. Until then its zombie holds its pid, which holds the
+        session's number: what is left in the session (the launcher's children) is provably the run's."""
+        said = False
+        while left := sorted(stat.pid for stat in procinfo.live_stats() if stat.sid == child.pid):
+            if not said:
+                self.event("outlived", pids=left)
+                said = True
+            time.sleep(SESSION_POLL_S)
+        child.wait()
 
 
 def supervise(run: RunDir) -> int:
@@ -223,4 +257,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    procinfo.restart_without(CHILD_ONLY_ENV)  # a supervisor started from inside a run is not that run's
     sys.exit(main())
