@@ -177,6 +177,28 @@ class NonfiniteValue(TypedDict):
     value: str
 
 
+# A metric row's values are numbers; these names alone hold text (what the row was read from, which stage) and
+# this one a flag (our trainer's plateau), as their writers write them.
+METRIC_TEXTS = frozenset({Metric.SOURCE, Metric.STAGE})
+METRIC_FLAGS = frozenset({Metric.PLATEAU})
+
+
+def metric_value_ok(name: str, value: object) -> bool:
+    """Whether a metric row may hold `value` as `name`: a number (NaN and the infinities too, as numbers or spelled
+    as nonfinite_spelled reads them), text as source or stage, true/false as plateau; never a list, an object,
+    null, other text or another flag."""
+    if isinstance(value, bool):
+        return name in METRIC_FLAGS
+    if isinstance(value, int | float):
+        return True
+    return isinstance(value, str) and (name in METRIC_TEXTS or nonfinite_spelled(value) is not None)
+
+
+def not_metric_values(row: MetricRow) -> dict[str, object]:
+    """The values of a row that are not metric values (`metric_value_ok`), by name."""
+    return {name: value for name, value in row.items() if not metric_value_ok(name, value)}
+
+
 class Percentiles(TypedDict):
     p50: float
     p90: float

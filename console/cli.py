@@ -223,6 +223,8 @@ async def all_metric_rows(client: AgentClient, run: str) -> list[MetricRow]:
         offset = result["next_offset"]
     if skipped:
         note(f"skipped {skipped} malformed metric line(s)")
+    if (said := render.not_numbers_note(run, rows)) is not None:
+        note(said)
     return rows
 
 
@@ -259,6 +261,8 @@ async def cmd_export(client: AgentClient, ns: argparse.Namespace, _: list[str]) 
         note(str(exc))
         return EXIT_FAILED
     out(f"wrote {count} points of {len(rows)} rows to {written}" + ("" if rows else " (the run has no metrics yet)"))
+    if left_out := export.unplaced(rows):
+        note(f"left out {left_out} row(s) whose step is beyond what a TensorBoard step holds (a 64-bit integer)")
     return EXIT_OK
 
 

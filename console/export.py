@@ -14,7 +14,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from backends.protocol import Metric, MetricRow
+from backends.protocol import Metric, MetricRow, nonfinite_spelled
 
 # Our names as SpecForge names them where both have the series (its TensorboardTracker writes add_scalar(key)
 # with the keys of specforge/training/tracking.py's training_metric_names, `train/` before a training key, and of
@@ -38,6 +38,7 @@ SPECFORGE_PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
 # What places a row rather than being one of its series: the x axis (step) and the wall time (t).
 NOT_SERIES = frozenset({Metric.STEP, Metric.TIME})
 
+STEP_LIMIT = 2**63  # a TensorBoard step is a signed 64-bit integer
 EVENT_FILES = "events.out.tfevents.*"
 TENSORBOARD_MISSING = (
     "TensorBoard is not installed where the console runs: pip install tensorboard "
@@ -80,17 +81,33 @@ def tensorboard_tag(name: str) -> str:
 
 
 def scalar_value(value: object) -> float | None:
-    """A series' value as a scalar (true/false as 1/0); None for what is not a number (text, lists)."""
+    """A series' value as a scalar: a number, NaN and the infinities too (as numbers, or as the protocol spells
+    them), an int beyond a double as an infinity, true/false as 1/0; None for what is not a number (text,
+    lists)."""
     if isinstance(value, bool):
         return float(value)
-    if isinstance(value, int | float) and math.isfinite(value):
-        return float(value)
-    return None
+    if isinstance(value, int):
+        try:
+            return float(value)
+        except OverflowError:
+            return math.inf if value > 0 else -math.inf
+    if isinstance(value, float):
+        return value
+    return nonfinite_spelled(value)
 
 
 def axis_value(value: object) -> float | None:
     """A step or a time: a finite number, not true/false."""
-    return None if isinstance(value, bool) else scalar_value(value)
+    number = None if isinstance(value, bool) else scalar_value(value)
+    return number if number is not None and math.isfinite(number) else None
+
+
+def tensorboard_step(row: MetricRow, number: int) -> int | None:
+    """Where a row stands on TensorBoard's step axis: its step, else (as a server's rows) its place among the
+    rows, counted from 0; None when its step is beyond what a TensorBoard step holds (a 64-bit integer)."""
+    step = axis_value(row.get(Metric.STEP))
+    at = number if step is None else int(step)
+    return at if -STEP_LIMIT <= at < STEP_LIMIT else None
 
 
 @dataclass(frozen=True)
@@ -102,17 +119,23 @@ class Point:
 
 
 def points(rows: Sequence[MetricRow]) -> Iterator[Point]:
-    """Each number of each row as a point of its tag, at the row's step (a row without one, as a server's, at its
-    place among the rows, counted from 0) and the row's time (`t`, else now)."""
+    """Each number of each row as a point of its tag, at the row's `tensorboard_step` (a row that has none is left
+    out) and the row's time (`t`, else now)."""
     now = time.time()
     for number, row in enumerate(rows):
-        step, when = axis_value(row.get(Metric.STEP)), axis_value(row.get(Metric.TIME))
-        at = number if step is None else int(step)
+        at, when = tensorboard_step(row, number), axis_value(row.get(Metric.TIME))
+        if at is None:
+            continue
         wall_time = now if when is None else when
         for name, value in row.items():
             scalar = None if name in NOT_SERIES else scalar_value(value)
             if scalar is not None:
                 yield Point(tensorboard_tag(name), at, wall_time, scalar)
+
+
+def unplaced(rows: Sequence[MetricRow]) -> int:
+    """How many rows have a step TensorBoard cannot hold, and so no place in an export."""
+    return sum(tensorboard_step(row, number) is None for number, row in enumerate(rows))
 
 
 def write_tensorboard(rows: Sequence[MetricRow], folder: Path, run_id: str) -> tuple[Path, int]:

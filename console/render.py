@@ -6,6 +6,7 @@ faults tests feed them hand-made, hostile ones.
 
 from __future__ import annotations
 
+import json
 import math
 import re
 import shlex
@@ -24,6 +25,7 @@ from backends.protocol import (
     MetricRow,
     RunInfo,
     nonfinite_spelled,
+    not_metric_values,
 )
 from console.host_runs import own_id
 from console.visible import printable
@@ -68,6 +70,22 @@ def nonfinite_note(run: str, rows: Sequence[MetricRow]) -> str | None:
     at = f" at step {row[Metric.STEP]}" if Metric.STEP in row else ""
     more = f" (first of {len(bad)} NaN or infinite values)" if len(bad) > 1 else ""
     return printable(f"run {run}: {name} is {metric_cell(row[name]).removeprefix(NONFINITE_MARK)}{at}{more}")
+
+
+def not_numbers_note(run: str, rows: Sequence[MetricRow]) -> str | None:
+    """`run R: 2 metric rows hold values that are not numbers, left out of its charts (first: "loss" = "abc"
+    at step 3)`: what the rows hold that no chart can draw (`not_metric_values`); None when nothing."""
+    odd = [(row, bad) for row in rows if (bad := not_metric_values(row))]
+    if not odd:
+        return None
+    row, bad = odd[0]
+    name, value = next(iter(bad.items()))
+    at = f" at step {row[Metric.STEP]}" if isinstance(row.get(Metric.STEP), int) else ""
+    # As JSON writes them: a run's text with its control characters escaped, cut short.
+    said = f"{json.dumps(name)[:40]} = {json.dumps(value)[:80]}{at}"
+    many = f"{len(odd)} metric rows hold values that are not numbers"
+    rows_are = "1 metric row holds a value that is not a number" if len(odd) == 1 else many
+    return printable(f"run {run}: {rows_are}, left out of its charts (first: {said})")
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:

@@ -9,8 +9,10 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
 import os
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +23,7 @@ from hypothesis import strategies as st
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from backends.runs.metrics_sources import canonical_name
-from console.export import csv_text, points, tensorboard_tag
+from console.export import csv_text, points, tensorboard_step, tensorboard_tag, unplaced, write_tensorboard
 from tests.conftest import CLI, launch, wait_state
 
 # The run writes the JSON lines it is given into its metrics file, as our trainer does.
@@ -155,6 +157,67 @@ def test_rows_without_a_step_are_placed_by_their_order_and_text_is_left_out() ->
         ("accept_len", 0, 5.0, 2.1),
         ("accept_len", 1, 6.0, 2.3),
     ]
+
+
+EXTREMES: list[Row] = [
+    {"step": 1, "t": 1_764_000_000.0, "loss": 1e308, "acc_0": float("inf")},
+    {"step": 2, "loss": float("nan"), "acc_0": float("-inf"), "grad_norm": "NaN"},
+    {"step": 1e300, "loss": 1.0},  # beyond a TensorBoard step: left out, and said
+    {"step": 3, "t": 1e308, "loss": 10**400},
+]
+
+
+def test_an_export_of_extreme_values_reads_back_and_says_what_it_left_out(cli: CLI, tmp_path: Path) -> None:
+    run_id = run_writing(cli, EXTREMES)
+    folder = tmp_path / "tb"
+    done = cli("export", run_id, "--tensorboard", str(folder))
+    assert done.returncode == 0, done.stderr
+    assert "wrote 6 points of 4 rows" in done.stdout.decode()
+    assert done.stderr.decode() == (
+        "eagle3-console: left out 1 row(s) whose step is beyond what a TensorBoard step holds (a 64-bit integer)\n"
+    )
+    loaded = EventAccumulator(str(folder))
+    loaded.Reload()
+    got = {tag: [(e.step, e.value) for e in loaded.Scalars(tag)] for tag in loaded.Tags()["scalars"]}
+    inf = float("inf")  # 1e308 and 10**400 as TensorBoard's 32-bit scalars hold them
+    assert {tag: [(step, str(value)) for step, value in series] for tag, series in got.items()} == {
+        "train/loss": [(1, str(inf)), (2, "nan"), (3, str(inf))],
+        "train/acc_0": [(1, str(inf)), (2, str(-inf))],
+        "train/grad_norm": [(2, "nan")],
+    }
+
+
+numbers = st.one_of(st.floats(), st.integers(), st.integers(-(2**70), 2**70), st.sampled_from([1e300, -1e300, 2**63]))
+extreme_rows = st.lists(
+    st.dictionaries(st.sampled_from(["step", "t", "loss", "acc_0", "lr"]), numbers | st.sampled_from(["nan", "-Inf"])),
+    max_size=6,
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(rows=extreme_rows)
+def test_no_finite_or_infinite_number_stops_an_export(rows: list[Row]) -> None:
+    with tempfile.TemporaryDirectory() as folder:
+        written, count = write_tensorboard(rows, Path(folder), "r")
+        placed = [row for number, row in enumerate(rows) if tensorboard_step(row, number) is not None]
+        assert count == sum(1 for row in placed for name in row if name not in ("step", "t"))
+        assert unplaced(rows) == len(rows) - len(placed)
+        assert written.exists()
+    for number, row in enumerate(rows):
+        step = row.get("step")
+        beyond = isinstance(step, int | float) and math.isfinite(step) and not -(2**63) <= int(step) < 2**63
+        assert (tensorboard_step(row, number) is None) == beyond
+
+
+def test_rows_of_values_that_are_not_numbers_are_said_once_and_kept_in_the_csv(cli: CLI) -> None:
+    run_id = run_writing(cli, [{"step": 1, "loss": "abc\u001b]52;c;x\u0007"}, {"step": 2, "loss": [1]}, {"step": 3}])
+    done = cli("metrics", run_id, "--csv")
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.decode() == (
+        f"eagle3-console: run {run_id}: 2 metric rows hold values that are not numbers, left out of its charts "
+        '(first: "loss" = "abc\\u001b]52;c;x\\u0007" at step 1)\n'
+    )
+    assert read_csv(done.stdout.decode())[1:] == [["1", "abc\x1b]52;c;x\x07"], ["2", "[1]"], ["3", ""]]
 
 
 def test_without_tensorboard_the_export_says_what_to_install(

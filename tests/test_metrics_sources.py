@@ -18,7 +18,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from backends.protocol import parse_source
+from backends.protocol import not_metric_values, parse_source
 from backends.runs.metrics_sources import (
     LINE_SOURCES,
     LineParser,
@@ -631,6 +631,52 @@ def test_the_thread_follows_a_growing_log(train_run: RunDir) -> None:
         assert wait_for(lambda: rows_of(train_run), timeout=10, what="a row") == [{"step": 1, "source": "jsonl"}]
     finally:
         follower.stop()
+
+
+NOT_NUMBERS = {
+    "loss": "abc",
+    "acc": [0.5, {"a": 1}],
+    "cfg": {"lr": 1},
+    "done": True,
+    "eta": None,
+    "tag": "\x1b]52;c;x\x07",
+}
+
+
+def test_values_that_are_not_numbers_are_left_out_and_said_once(train_run: RunDir) -> None:
+    lines = [
+        {"step": 1, "val_loss": 0.5, "spelled": "NaN", "plateau": False, **NOT_NUMBERS},
+        {"step": 2, **NOT_NUMBERS},  # nothing but what is left out: no row at all
+        {"step": 3, "val_loss": 0.4, "loss": ["x"]},
+    ]
+    train_run.file(OUTPUT).write_text("".join(json.dumps(line) + "\n" for line in lines))
+    follower = MetricsFollower(train_run, "jsonl")
+    follower.drain(final=True)
+    assert rows_of(train_run) == [
+        {"step": 1, "val_loss": 0.5, "spelled": "NaN", "plateau": False, "source": "jsonl"},
+        {"step": 3, "val_loss": 0.4, "source": "jsonl"},
+    ]
+    assert follower.left_out == 2 * len(NOT_NUMBERS) + 1
+    assert errors_of(train_run) == ['jsonl gives values that are not numbers; left out of the metrics: loss = "abc"']
+
+
+leaves = st.none() | st.booleans() | st.text() | st.integers() | st.floats() | st.sampled_from(["nan", " -INF "])
+row_names = st.text(max_size=8) | st.sampled_from(["source", "stage", "plateau", "loss"])
+
+
+@given(
+    st.dictionaries(row_names, st.recursive(leaves, lambda inner: st.lists(inner) | st.dictionaries(st.text(), inner)))
+)
+@settings(max_examples=200, deadline=None)
+def test_a_metric_value_is_a_number_or_spells_one_save_the_rows_own_text_and_flag(row: dict[str, object]) -> None:
+    bad = not_metric_values(row)
+    for name, value in row.items():
+        number = isinstance(value, int | float) and not isinstance(value, bool)
+        spelled = isinstance(value, str) and value.strip().lower() in ("nan", "inf", "-inf")
+        own = (name in ("source", "stage") and isinstance(value, str)) or (
+            name == "plateau" and isinstance(value, bool)
+        )
+        assert (name not in bad) == (number or spelled or own), (name, value)
 
 
 # --- TensorBoard --------------------------------------------------------------------------------

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from backends.fileio import append_jsonl, atomic_write_json, read_json
-from backends.protocol import Metric, MetricRow, parse_source
+from backends.protocol import Metric, MetricRow, not_metric_values, parse_source
 from backends.runs.store import METRICS, METRICS_SOURCE, OUTPUT, RunDir
 
 LINE_SOURCES: frozenset[str] = frozenset({"jsonl", "specforge", "speculators", "eagle"})
@@ -597,6 +597,7 @@ class MetricsFollower:
         self._stopping = threading.Event()
         self._last_state: object = None
         self._last_error: str | None = None
+        self.left_out = 0  # values read that are not metric values (text, lists...), never written as metrics
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._loop, name="metrics-follower", daemon=True)
@@ -625,7 +626,7 @@ class MetricsFollower:
             return 0
         written = 0
         try:
-            for row in rows:
+            for row in filter(None, map(self._numbers_only, rows)):
                 append_jsonl(self.run.file(METRICS), row)
                 written += 1
             state = {"source": self.source, **reader.state()}
@@ -637,6 +638,21 @@ class MetricsFollower:
         except (ValueError, RecursionError) as exc:  # a row json cannot write (too deep a dict)
             self._report(f"cannot write a metrics row from {self.source}: {exc}")
         return written
+
+    def _numbers_only(self, row: MetricRow) -> MetricRow | None:
+        """The row without its values that are not metric values (None when they were all it had); the first one
+        left out is said once."""
+        bad = not_metric_values(row)
+        if not bad:
+            return row
+        if bad and not self.left_out:
+            name, value = next(iter(bad.items()))
+            # Text as JSON writes it (escapes visible); a list or an object by its kind: it may nest deep.
+            shown = f"a {type(value).__name__}" if isinstance(value, list | dict) else json.dumps(value)[:80]
+            self._report(f"{self.source} gives values that are not numbers; left out of the metrics: {name} = {shown}")
+        self.left_out += len(bad)
+        kept = {name: value for name, value in row.items() if name not in bad}
+        return kept if kept.keys() - {Metric.STEP, Metric.EPOCH, Metric.SOURCE} else None
 
     def _open(self) -> _LogReader | _EventFolder | None:
         """The reader, resumed where an earlier follower of this run stopped."""

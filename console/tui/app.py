@@ -106,6 +106,7 @@ class ConsoleApp(App[None]):
         self.progress: dict[str, Progress] = {}  # how far each training got: its status, and its rows if followed
         self.facts = RunFacts()  # the followed run's timeline, silence, stall frames, last exception
         self.events: list[dict[str, object]] = []  # the followed run's events
+        self.not_numbers_told: set[str] = set()  # runs whose metric values that are not numbers were said
         self.exceptions = render.ExceptionFinder()  # the last exception its log names
         self.gpu_error: str | None = None  # why the last status found no GPU, as it said
         self.down_since: dict[str, float] = {}  # hosts whose link is down, each since when
@@ -450,6 +451,9 @@ class ConsoleApp(App[None]):
         """A run's metric gone NaN or infinite, said once per run."""
         if run_id in self.nan_told:
             return
+        if run_id not in self.not_numbers_told and (said := render.not_numbers_note(run_id, rows)) is not None:
+            self.not_numbers_told.add(run_id)  # once per run: a trainer that logs text does so every row
+            self.notify(said, title="metrics", severity="warning", markup=False)
         self.nan_told.add(run_id)
         at = f" at step {nonfinite['step']}" if nonfinite["step"] is not None else ""
         text = printable(f"run {run_id}: {nonfinite['metric']} is {nonfinite['value']}{at}")
