@@ -5,7 +5,8 @@ renderer, the CLI's `logs` (to a terminal; byte for byte into a pipe, or with --
 notes, and by the console's log, whose lines keep their colours (SGR, parsed by Rich) and show a progress bar's
 last state and a very long line cut with its size.
 
-Real: the renderers, the CLI in its own process (on a pty where a terminal is meant), the local agent, the runs.
+Real: the renderers, the CLI in its own process (on a pty where a terminal is meant), the local agent, the runs;
+and the console in tmux over OpenSSH's sshd, with tmux taking clipboard writes and titles from what it runs.
 """
 
 from __future__ import annotations
@@ -28,9 +29,14 @@ from console import output
 from console.tui.log import PROGRESS_BYTES, SHOWN_BYTES, LineReader, log_text, size_text
 from console.visible import SGR, TerminalLog, printable, visible, visible_keeping_sgr
 from tests.conftest import CLI, launch, wait_for, wait_state
+from tests.sshd import Sshd
+from tests.test_tui_tmux import console, host_python
+from tests.test_tui_tmux import launch as launch_in
+
+__all__ = ["host_python"]  # the fixture, used by name
 
 # What a run may write to take over the operator's terminal.
-OSC52 = "\x1b]52;c;ZWNobyBQV05FRA==\x07"  # "echo PWNED" into the clipboard
+OSC52 = "\x1b]52;c;ZWNobyBQV05FRA==\x1b\\"  # "echo PWNED" into the clipboard
 TITLE = "\x1b]0;pwned-title\x07\x1b]2;pwned-title\x1b\\"
 LINK = "\x1b]8;;https://evil.example/\x1b\\click here\x1b]8;;\x1b\\"
 CLEAR = "\x1b[2J\x1b[H"
@@ -89,7 +95,7 @@ def test_visible_keeps_the_lines_and_tabs_and_nothing_else_a_terminal_acts_on(te
 
 
 def test_every_attack_is_written_out_the_same_way() -> None:
-    assert printable(OSC52) == "\\x1b]52;c;ZWNobyBQV05FRA==\\x07"
+    assert printable(OSC52) == "\\x1b]52;c;ZWNobyBQV05FRA==\\x1b\\"
     assert visible(C1 + "\n") == "\\x9b31m\\x9d0;c1-title\\x9c\n"
     assert printable(CLEAR + "\t") == "\\x1b[2J\\x1b[H\\t"
     assert visible("plain, ünïcode and 🦅\tok") == "plain, ünïcode and 🦅\tok"
@@ -109,7 +115,7 @@ def test_a_log_line_keeps_its_colours_parsed_and_shows_every_other_escape(line: 
 def test_a_log_lines_colours_become_styles_and_markup_stays_text() -> None:
     text = log_text(f"\x1b[31mred\x1b[0m [bold]{OSC52}{LINK}")
     link = "\\x1b]8;;https://evil.example/\\x1b\\click here\\x1b]8;;\\x1b\\"
-    assert text.plain == "red [bold]\\x1b]52;c;ZWNobyBQV05FRA==\\x07" + link
+    assert text.plain == "red [bold]\\x1b]52;c;ZWNobyBQV05FRA==\\x1b\\" + link
     [red] = text.spans
     assert (red.start, red.end) == (0, 3) and Style.parse(str(red.style)).color is not None
     assert visible_keeping_sgr("\x1b[1;31mbold\x1b[m\x1b[2J") == "\x1b[1;31mbold\x1b[m\\x1b[2J"
@@ -254,7 +260,7 @@ def test_logs_is_byte_exact_into_a_pipe_shown_on_a_terminal_and_raw_with_raw(cli
     argv = [sys.executable, "-m", "console", "--workdir", str(workdir), "local", "logs", run_id]
     shown = on_a_terminal(argv)
     assert not obeyed(shown.decode(), keep="\n\t\r")  # (strict UTF-8: no lone 0x9b either)
-    assert b"\\x1b]52;c;ZWNobyBQV05FRA==\\x07" in shown and b"\\x9b31m\\x9d0;c1-title\\x9c" in shown
+    assert b"\\x1b]52;c;ZWNobyBQV05FRA==\\x1b\\" in shown and b"\\x9b31m\\x9d0;c1-title\\x9c" in shown
     assert b" raw \\x9b1m byte" in shown  # a raw 0x9b byte (not UTF-8) is written as its value
     assert b"\\x1b[32mgreen\\x1b[0m\r" in shown and b"bar 1\rbar 2" in shown  # \r kept: a bar redraws in place
 
@@ -271,8 +277,52 @@ def test_stacks_now_shows_an_argv_holding_osc52_written_out(cli: CLI, workdir: P
         dumped = cli("stacks", run_id, "--now")
         assert dumped.returncode == 0, dumped.stderr
         assert b"\x1b" not in dumped.stdout + dumped.stderr and b"\x07" not in dumped.stdout
-        assert b"\\x1b]52;c;ZWNobyBQV05FRA==\\x07" in dumped.stdout  # the argv, in the dump's process line
+        assert b"\\x1b]52;c;ZWNobyBQV05FRA==\\x1b\\" in dumped.stdout  # the argv, in the dump's process line
         shown = cli("status", run_id)  # the run whole, its command line uncut
-        assert b"\x1b" not in shown.stdout and b"\\x1b]52;c;ZWNobyBQV05FRA==\\x07" in shown.stdout
+        assert b"\x1b" not in shown.stdout and b"\\x1b]52;c;ZWNobyBQV05FRA==\\x1b\\" in shown.stdout
     finally:
         cli("kill", run_id, "--signal", "KILL", "--grace", "0")
+
+
+# --- the console, in a terminal that obeys: tmux with set-clipboard on ----------------------------
+
+METRIC = "loss" + OSC52 + C1  # a metric name holding a clipboard write and C1 controls
+TMUX_RUN = (
+    "import json, os, sys, time\n"
+    "with open(os.environ['EAGLE3_METRICS_FILE'], 'a') as metrics:\n"
+    f"    metrics.write(json.dumps({{'step': 1, {METRIC!r}: 1.5}}) + '\\n')\n"
+    f"    metrics.write(json.dumps({{'step': 2, {METRIC!r}: float('nan')}}) + '\\n')\n"
+    f"for name, attack in {list(zip(('osc52', 'title', 'link', 'clear', 'dcs', 'c1'), ATTACKS, strict=True))!r}:\n"
+    "    print(f'{name}: {attack} end', flush=True)\n"
+    "sys.stdout.buffer.write(b'raw: \\x9b2J byte\\n')\n"
+    "print('all written', flush=True)\n"
+    "time.sleep(120)\n"
+)
+
+
+def test_the_console_over_ssh_shows_a_runs_escapes_and_the_terminal_obeys_none(
+    sshd: Sshd, workdir: Path, host_python: Path, tmp_path: Path
+) -> None:
+    script = tmp_path / "hostile.py"
+    script.write_text(TMUX_RUN)
+    with console(sshd, workdir, host_python, (160, 48)) as term:
+        term.command("set-option", "-g", "set-clipboard", "on", ";", "set-option", "-g", "set-titles", "on")
+        title = term.command("display-message", "-p", "#{pane_title}")
+        assert term.command("list-buffers") == ""
+        launch_in(workdir, "command", "--name", "hostile", "--", sys.executable, str(script))
+        screen = term.wait_text("all written", timeout=60)
+        for shown in (
+            "osc52: \\x1b]52;c;ZWNobyBQV05FRA==\\x1b\\ end",
+            "title: \\x1b]0;pwned-title\\x07\\x1b]2;pwned-title\\x1b\\ end",
+            "link: \\x1b]8;;https://evil.example/\\x1b\\click here\\x1b]8;;\\x1b\\ end",
+            "clear: \\x1b[2J\\x1b[H end",
+            "dcs: \\x1bP+q544e\\x1b\\ end",
+            "c1: \\x9b31m\\x9d0;c1-title\\x9c end",
+            "raw: \ufffd2J byte",
+        ):
+            assert shown in screen, screen
+        # the metric's name, in its chart's legend and in the toast of its NaN
+        term.wait_text("loss\\x1b]52;c;ZWNo", timeout=30)
+        assert "eagle3-console" in term.screen()  # the header: nothing cleared the screen
+        assert term.command("list-buffers") == ""  # nothing reached the clipboard
+        assert term.command("display-message", "-p", "#{pane_title}") == title

@@ -1,7 +1,8 @@
 """The selected run's log as someone used to less reads it (Textual's pilot, a real local agent, real runs that
 print when the test lets them): `/` finds text and holds the view on it, `n`/`N` step through the matches, `w`
 and new lines keep the match in view, Escape follows the tail again, `y` copies, cut lines scroll sideways, a
-mouse drag selects text."""
+mouse drag selects text; a run's escapes are shown, never sent to the terminal, its colours kept, a progress bar
+shown as it stands, a line of megabytes cut with its size."""
 
 from __future__ import annotations
 
@@ -9,12 +10,15 @@ import sys
 from pathlib import Path
 
 from textual.pilot import Pilot
+from textual.widgets import Static
 
 from console.tui.app import ConsoleApp
 from console.tui.dialogs import RelaunchScreen
 from console.tui.log import FindPrompt, TailLog
 from console.tui.panels import RunsTable
+from console.visible import printable
 from tests.conftest import until
+from tests.test_terminal_safety import C1, CLEAR, DCS, LINK, OSC52, TITLE, obeyed
 from tests.test_tui_attention import console, launch
 
 # 300 lines, every 25th of the first 250 an `acc` line (10 of them, the last 75 lines before the end), the others
@@ -160,3 +164,54 @@ async def test_cut_lines_scroll_sideways_and_a_mouse_drag_selects_and_copies_tex
         await pilot.press("w")
         await until(pilot, lambda: log.wrap and shows(log, "end 39"), what="wrapped lines")
         assert log.max_scroll_x == 0  # wrapped at the log's width: nothing is cut
+
+
+ATTACKS = OSC52 + TITLE + LINK + CLEAR + DCS + C1
+HOSTILE_NAME = "loss" + OSC52 + C1
+# A run that writes every attack into its log and a metric name, coloured words, markup, a raw 0x9b byte, a line of
+# 2 MB, a finished progress bar and one being drawn, then waits.
+HOSTILE = (
+    "import json, os, sys, time\n"
+    "with open(os.environ['EAGLE3_METRICS_FILE'], 'a') as metrics:\n"
+    f"    metrics.write(json.dumps({{'step': 1, {HOSTILE_NAME!r}: 1.5}}) + '\\n')\n"
+    f"sys.stdout.write({ATTACKS + ' attacks'!r} + '\\n')\n"
+    "sys.stdout.write('\\x1b[31mred words\\x1b[0m [bold red]not bold[/] [link=https://x.example/]no link[/link]\\n')\n"
+    "sys.stdout.flush()\n"
+    "sys.stdout.buffer.write(b'raw \\x9b byte\\n' + b'L' * 2_000_000 + b'\\n')\n"
+    "sys.stdout.write(''.join(f'\\r{p:3d}%|' + '#' * (p // 10) for p in range(0, 101, 10)) + '\\n')\n"
+    "sys.stdout.write('\\r 40%|####      |\\r 50%|#####     |')\n"
+    "sys.stdout.flush()\n"
+    "time.sleep(120)\n"
+)
+
+
+async def test_a_runs_escapes_are_shown_its_colours_kept_its_bar_as_it_stands_and_a_huge_line_cut(
+    workdir: Path, nvml_state: Path
+) -> None:
+    run_id = await launch(workdir, [sys.executable, "-c", HOSTILE], name="hostile")
+    async with console(workdir, size=(120, 40)) as (app, pilot, notes):
+        log = app.query_one(TailLog)
+        await until(pilot, lambda: app.query_one(RunsTable).selected_run() == run_id, what="the run")
+        await until(pilot, lambda: any(line.plain.startswith("100%") for line in log.kept), what="the log")
+        shown = [line.plain for line in log.kept]
+        assert shown == [
+            printable(ATTACKS) + " attacks",
+            "red words [bold red]not bold[/] [link=https://x.example/]no link[/link]",
+            "raw \ufffd byte",  # not UTF-8: the replacement character
+            "L" * 16384 + " … [+2.0 MB]",
+            "100%|##########",
+        ]
+        assert "\\x1b]52;c;ZWNobyBQV05FRA==\\x1b\\" in shown[0] and "\\x9b31m" in shown[0]
+        for row in log.lines:  # what reaches the terminal: no control, no link
+            for segment in row:
+                assert not obeyed(segment.text) and (segment.style is None or segment.style.link is None)
+        [red] = [s for s in log.lines[1] if s.text == "red words"]
+        assert red.style is not None and red.style.color is not None and red.style.color.number == 1  # SGR 31: red
+        progress = app.query_one("#progress", Static)
+        await until(pilot, lambda: str(progress.content) == " 50%|#####     |", what="the bar as it stands")
+        assert printable(HOSTILE_NAME) in app.run_metrics[run_id].store.names()
+
+        app.notify(f"[b]{ATTACKS}[/b]", title=f"run{OSC52}")  # any toast: plain text, its escapes shown
+        note = await until(pilot, lambda: next((n for n in notes if n.title.startswith("run")), None), what="it")
+        assert not note.markup and note.message == f"[b]{printable(ATTACKS)}[/b]"
+        assert note.title == "run" + printable(OSC52)

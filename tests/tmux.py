@@ -55,6 +55,10 @@ class Tmux:
             raise RuntimeError(f"tmux {' '.join(args[:2])} failed: {done.stderr.strip()}")
         return done.stdout
 
+    def command(self, *args: str) -> str:
+        """A command to this terminal's tmux server (`set-option`, `list-buffers`, `display-message`); its output."""
+        return self._tmux(*args)
+
     def screen(self) -> str:
         """What the terminal shows now, one line per row (trailing blanks cut)."""
         return self._tmux("capture-pane", "-p", "-t", "0")
