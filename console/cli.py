@@ -26,7 +26,7 @@ from console.links import links
 from console.one_shot import cmd_kill, cmd_stacks, cmd_status
 from console.output import EXIT_FAILED, EXIT_OK, EXIT_USAGE, doctor_text, dump, failed, note, out, report
 from console.transport import LocalTransport, Transport
-from console.visible import TerminalLog
+from console.visible import LINES, TerminalLog, visible
 from console.watching import watch_runs
 
 if TYPE_CHECKING:
@@ -239,7 +239,8 @@ async def cmd_metrics(client: AgentClient, ns: argparse.Namespace, _: list[str])
     if ns.tail is not None:
         rows = rows[max(0, len(rows) - ns.tail) :]
     if ns.csv:
-        sys.stdout.write(export.csv_text(rows))
+        text = export.csv_text(rows)  # data into a file or a pipe; on a terminal, a metric name's escapes shown
+        sys.stdout.write(visible(text, keep=LINES + "\r") if sys.stdout.isatty() else text)
     elif ns.json:
         for row in rows:
             out(json.dumps(row))

@@ -31,6 +31,7 @@ import asyncssh
 from console import agent_copy, host_keys, host_py_spy, vendored
 from console.errors import TransportError
 from console.transport import STDERR_KEEP_LINES, Transport
+from console.visible import printable
 
 DEFAULT_PYTHON = "python3"  # the host's interpreter for the agent, unless --remote-python names another
 DEFAULT_WORKDIR = ".eagle3-console"  # relative to the remote home, as the agent's own default
@@ -52,7 +53,7 @@ def parse_host(spec: str) -> tuple[str | None, str, int | None]:
 
 def say_on_stderr(text: str) -> None:
     """A line for the person at the terminal, as the CLI says its notes."""
-    print(f"eagle3-console: {text}", file=sys.stderr, flush=True)
+    print(f"eagle3-console: {printable(text)}", file=sys.stderr, flush=True)  # it may quote the host: shown only
 
 
 class SSHTransport(Transport):

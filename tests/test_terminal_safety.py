@@ -268,6 +268,24 @@ def test_logs_is_byte_exact_into_a_pipe_shown_on_a_terminal_and_raw_with_raw(cli
     assert raw == HOSTILE_LOG.replace(b"\n", b"\r\n")  # as written (the terminal puts \r before each \n)
 
 
+def test_metrics_csv_is_data_into_a_pipe_and_shown_on_a_terminal(cli: CLI, workdir: Path) -> None:
+    name = "loss" + OSC52
+    writer = (
+        "import json, os\n"
+        "with open(os.environ['EAGLE3_METRICS_FILE'], 'a') as metrics:\n"
+        f"    metrics.write(json.dumps({{'step': 1, {name!r}: 1.5}}) + '\\n')\n"
+    )
+    run_id = launch(cli, "command", "--", sys.executable, "-c", writer)
+    wait_state(cli, run_id, {"exited"})
+    piped = cli("metrics", run_id, "--csv")
+    assert piped.returncode == 0, piped.stderr
+    assert piped.stdout.decode().splitlines()[0] == f"step,{name}"  # the name as written: data
+    shown = on_a_terminal(
+        [sys.executable, "-m", "console", "--workdir", str(workdir), "local", "metrics", run_id, "--csv"]
+    )
+    assert not obeyed(shown.decode(), keep="\n\t\r") and f"step,{printable(name)}" in shown.decode()
+
+
 def test_stacks_now_shows_an_argv_holding_osc52_written_out(cli: CLI, workdir: Path) -> None:
     sleeper = "import sys, time\nprint('asleep', flush=True)\ntime.sleep(60)\n"
     run_id = launch(cli, "command", "--", sys.executable, "-c", sleeper, OSC52, TITLE)
