@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, cast
 
 import backends
-from backends import protocol, serving
+from backends import protocol, serving, shipped
 from backends.bench import cli as bench
 from backends.bench.stream import BenchError
 from backends.bounded import bounded_info, within_budget
@@ -590,7 +590,15 @@ async def run_agent(workdir: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m backends.agent", description=__doc__)
     parser.add_argument("--workdir", type=Path, default=DEFAULT_WORKDIR, help="run store folder (default %(default)s)")
+    # Given by the console's launcher to an uploaded copy: what it verified, checked again before each supervisor.
+    parser.add_argument("--manifest-fd", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    try:
+        if args.manifest_fd is not None:
+            shipped.adopt(args.manifest_fd)
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        print(f"agent: cannot read what the launcher verified: {exc}", file=sys.stderr)
+        return 1
     try:
         RunStore(args.workdir).secure()
     except StoreError as exc:

@@ -11,13 +11,24 @@
 - `WORKDIR/agent/bin/py-spy`: py-spy for the host's architecture, uploaded when the host has none, so a
   stalled run's stack dump shows Python frames (`uploaded_py_spy`). It outlives the version folders.
 
+The launcher (`console.agent_copy`) verifies the version folder before anything is imported and hands the agent
+what it verified (`adopt`): each file's SHA-256 and each entry's stat facts. A run's supervisor imports that
+code anew, long after the connection's check, so `check_unchanged` is asked before one starts: a stat of each
+entry, and the SHA-256 only of what moved.
+
 `python -m backends.shipped` says where the agent imports each shipped dependency from.
 """
 
 from __future__ import annotations
 
+import hashlib
 import importlib
+import json
+import os
+import pwd
+import stat
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 from backends import PACKAGE_ROOT
@@ -28,6 +39,95 @@ BIN = "bin"  # under WORKDIR/agent
 PY_SPY = "py-spy"
 # What the agent imports that a host's Python may lack; the console ships these and what they need.
 DEPENDENCIES = ("httpx", "prometheus_client")
+PARTIAL = ".eagle3-partial-"  # a file being written by a console's repair: not importable, and left alone
+
+
+class Altered(Exception):
+    """The agent's files changed since the launcher verified them; the message names what, in one line."""
+
+
+@dataclass
+class _Entry:
+    digest: str  # a file's SHA-256, or "dir"
+    facts: list[int]  # (dev, inode, mode, uid, size, mtime_ns, ctime_ns) when last verified
+
+
+@dataclass
+class _Verified:
+    top: Path
+    entries: dict[str, _Entry]  # path under `top` ("." for it) -> what was verified
+
+
+_verified: _Verified | None = None  # set once by the agent of an uploaded copy; a local agent has none
+
+
+def adopt(fd: int) -> None:
+    """Take the launcher's record of the verified copy from the inherited descriptor `fd` (read from its start,
+    so an agent that re-executes itself reads it whole again), and close it: supervisors need not hold it.
+    ValueError or OSError when it is not one."""
+    global _verified
+    try:
+        size = os.fstat(fd).st_size
+        data = json.loads(os.pread(fd, size, 0))
+    finally:
+        os.close(fd)
+    entries = {str(path): _Entry(str(value[0]), [int(n) for n in value[1:]]) for path, value in data["entries"].items()}
+    _verified = _Verified(Path(data["top"]), entries)
+
+
+def _facts(st: os.stat_result) -> list[int]:
+    return [st.st_dev, st.st_ino, st.st_mode, st.st_uid, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
+
+
+def check_unchanged() -> None:
+    """Before a supervisor imports the agent's code again: every verified entry still has its stat facts, or,
+    where one moved, still its bytes (a file) or its names (a folder), still ours and writable by no one else;
+    Altered naming the first difference. Nothing to check for an agent that was not uploaded."""
+    if _verified is None:
+        return
+    moved = {}
+    for path, entry in _verified.entries.items():
+        try:
+            st = os.lstat(_verified.top / path)
+        except OSError:
+            raise Altered(f"{path} is missing") from None
+        if _facts(st) != entry.facts:
+            moved[path] = st
+    for path, st in moved.items():
+        _recheck(_verified, path, st)
+        _verified.entries[path].facts = _facts(st)
+
+
+def _recheck(verified: _Verified, path: str, st: os.stat_result) -> None:
+    entry = verified.entries[path]
+    if st.st_uid != os.geteuid():
+        raise Altered(f"{path} now belongs to {_user(st.st_uid)}")
+    if st.st_mode & 0o022:
+        raise Altered(f"{path} is now writable by others (mode {stat.S_IMODE(st.st_mode):o})")
+    if entry.digest == "dir":
+        if not stat.S_ISDIR(st.st_mode):
+            raise Altered(f"{path} is no longer a folder")
+        prefix = "" if path == "." else f"{path}/"
+        for name in sorted(os.listdir(verified.top / path)):
+            if f"{prefix}{name}" not in verified.entries and not name.startswith(PARTIAL):
+                raise Altered(f"{prefix}{name} was added")
+        return
+    if not stat.S_ISREG(st.st_mode):
+        raise Altered(f"{path} is no longer a plain file")
+    try:
+        fd = os.open(verified.top / path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        raise Altered(f"{path} cannot be read") from None
+    with os.fdopen(fd, "rb") as file:
+        if hashlib.sha256(file.read()).hexdigest() != entry.digest:
+            raise Altered(f"{path} changed")
+
+
+def _user(uid: int) -> str:
+    try:
+        return f"user {pwd.getpwuid(uid).pw_name}"
+    except KeyError:
+        return f"uid {uid}"
 
 
 def vendor_first() -> None:

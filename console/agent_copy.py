@@ -2,15 +2,17 @@
 
 It lives in `WORKDIR/agent/<version>/backends/` on the host, and that folder is on the agent's
 PYTHONPATH, so whatever sits there runs as the agent. Each connection starts one small launcher on
-the host (its Python, isolated with -I) that makes `WORKDIR/agent` and the version folder private
-(700) and lists the folder with a SHA-256 per file; the client compares that with the manifest of its
-own files and puts right what differs over one SFTP session, opened only then: a changed, missing or
-unreadable module is written under a name Python cannot import and renamed over the old one (so an
-agent starting meanwhile imports a whole module, old or new, never half of one, and two consoles
-repairing at once both end with the right bytes); anything else (a planted module, a sitecustomize.py,
-a link) is removed, as are the compiled copies of the modules rewritten. A version the host lacks is
-uploaded whole into a staging folder and renamed into place. Then the launcher becomes the agent on
-the same channel, so a connection still costs one exec.
+the host (its Python, isolated with -I) that refuses, in one line, a copy that anyone but its user (and root,
+above WORKDIR) could change, makes `WORKDIR/agent` and the version folder private (700) and lists the folder
+with a SHA-256 per file; the client compares that with the manifest of its own files and puts right what
+differs over one SFTP session, opened only then: a changed, missing or unreadable module is written under a
+name Python cannot import and renamed over the old one (so an agent starting meanwhile imports a whole module,
+old or new, never half of one, and two consoles repairing at once both end with the right bytes); anything
+else (a planted module, a sitecustomize.py, a link, any bytecode) is removed. Each folder's `__pycache__` is
+an empty file the launcher makes, so bytecode is never read from, nor written into, the host's copy: a planted
+.pyc cannot stand in for a checked module. A version the host lacks is uploaded whole into a staging folder
+and renamed into place. The launcher checks the result against the version, then becomes the agent on the
+same channel, so a connection still costs one exec.
 
 The version folder also holds the agent's pure-Python dependencies (`vendor/`, from this console's own
 environment: `vendored`), under the same manifest and repair. The launcher says the host's architecture and
@@ -34,73 +36,173 @@ from typing import Any
 
 import asyncssh
 
+from backends.shipped import PARTIAL
 from console import vendored
 
 BACKENDS = Path(__file__).resolve().parent.parent / "backends"
-PARTIAL = ".eagle3-partial-"  # a file being written: not importable, and left alone by a check running meanwhile
-CACHE = "__pycache__"
+CACHE = "__pycache__"  # in every folder of the host's copy an empty file of ours, so no bytecode can be there
+EMPTY = hashlib.sha256(b"").hexdigest()
 SHOWN_NAMES = 3  # names said per kind of change; the rest are counted
 
 # The first thing the host runs, with its Python (any 3.x, so that the agent's own version check can
 # speak after it), isolated (-I) from PYTHONPATH and the current folder. argv is WORKDIR and the version.
-# In the home folder, it makes WORKDIR/agent and WORKDIR/agent/<version> private, prints one JSON line
-# {workdir, top, found, tree, machine, py_spy, tool}: `found` is what WORKDIR/agent/<version> is, and `tree`
-# maps each path under it to its SHA-256, "dir", "link", "other" (a fifo, a socket), "unreadable" (a file) or
-# "unlistable" (a folder); `machine` is `uname -m`, `py_spy` the host's own py-spy (on PATH or beside this
-# Python, as the agent looks) or null, and `tool` what WORKDIR/agent/bin/py-spy is ("unused" when the host
-# has its own). Then it waits for GO on stdin, read a byte at a time so that nothing meant
-# for the agent is taken, and becomes the agent (exec, on the same channel) with the checked copy first
-# on sys.path, where `-m` would put the home folder (a ~/backends or ~/json.py would shadow it), and its
-# shipped dependencies right after. A failure is one line on stderr.
+# In the home folder, it refuses to go on (one JSON line {refused}) unless every folder above WORKDIR is, as
+# sshd's StrictModes wants of the folders above authorized_keys, root's or ours and writable by no one else
+# (a sticky folder such as /tmp excepted: no one else can rename or remove what we own in it), and WORKDIR,
+# WORKDIR/agent, the version folder and everything in it, and WORKDIR/agent/bin with its py-spy, are ours:
+# whoever could change any of them could make the agent run their code as us (as root, for root). What is
+# ours but writable by others is closed (WORKDIR/agent and the version folder 700, the rest go-w). WORKDIR is
+# taken with its links resolved, and that path is what the console writes to and the agent runs from.
+# Then it prints one JSON line {workdir, top, found, tree, machine, py_spy, tool}: `found` is what
+# WORKDIR/agent/<version> is, and `tree` maps each path under it to its SHA-256, "dir", "link", "other" (a fifo,
+# a socket), "unreadable" (a file) or "unlistable" (a folder); `machine` is `uname -m`, `py_spy` the host's own
+# py-spy (on PATH or beside this Python, as the agent looks) or null, and `tool` what WORKDIR/agent/bin/py-spy
+# is ("unused" when the host has its own). Then it waits for GO on stdin, read a byte at a time so that nothing
+# meant for the agent is taken, and checks the repaired copy again: the same owners and modes, every folder's
+# __pycache__ an empty file of ours (made here when missing: no Python, with any flags, can then read or write
+# bytecode in the copy), and the files' digest (`version_of`, written again below) equal to the version. It
+# prints {ready} or {refused} and becomes the agent (exec, on the same channel) with the checked copy first on
+# sys.path, where `-m` would put the home folder (a ~/backends or ~/json.py would shadow it), its shipped
+# dependencies right after, and what it verified (each entry's SHA-256 and stat facts) on an inherited
+# descriptor, for `backends.shipped.check_unchanged`. Any other failure is one line on stderr.
 LAUNCHER = r"""
-import hashlib, json, os, platform, shutil, stat, sys
-tree = {}
-def kind(path):
-    mode = os.lstat(path).st_mode
-    if stat.S_ISLNK(mode): return 'link'
-    if stat.S_ISDIR(mode): return 'dir'
-    if not stat.S_ISREG(mode): return 'other'
+import hashlib, json, os, platform, shutil, stat, sys, tempfile
+ME = os.geteuid()
+PARTIAL, CACHE, EMPTY = @PARTIAL@, @CACHE@, hashlib.sha256(b'').hexdigest()
+class Refused(Exception): pass
+def who(uid):
     try:
-        with open(path, 'rb') as f: return hashlib.sha256(f.read()).hexdigest()
-    except OSError: return 'unreadable'
-def walk(folder, prefix):
+        import pwd
+        return 'user ' + pwd.getpwuid(uid).pw_name
+    except (ImportError, KeyError): return 'uid %d' % uid
+def above(path):
+    parts = path.strip('/').split('/')
+    for folder in ['/' + '/'.join(parts[:i]) for i in range(len(parts))]:
+        try: st = os.lstat(folder)
+        except FileNotFoundError: return
+        owner = who(st.st_uid)
+        if stat.S_ISLNK(st.st_mode) or st.st_uid not in (0, ME) or (
+                st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX):
+            what = 'is a link' if stat.S_ISLNK(st.st_mode) else 'belongs to ' + owner if st.st_uid not in (0, ME) \
+                else 'is writable by others (%s, mode %o)' % (owner, stat.S_IMODE(st.st_mode))
+            raise Refused('%s %s: whoever can change a folder above the agent\'s files can swap them for code the '
+                          'agent runs as %s; choose a --workdir in folders only root or %s can change'
+                          % (folder, what, who(ME), who(ME)))
+def mine(path, st):
+    if st.st_uid != ME:
+        raise Refused('%s belongs to %s, not to %s who runs the agent: remove it, or choose a --workdir of your own'
+                      % (path, who(st.st_uid), who(ME)))
+    if st.st_mode & 0o022 and not stat.S_ISLNK(st.st_mode): os.chmod(path, stat.S_IMODE(st.st_mode) & ~0o022)
+def facts(st): return [st.st_dev, st.st_ino, st.st_mode, st.st_uid, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
+def kind(path, st):
+    if stat.S_ISLNK(st.st_mode): return 'link', st
+    if stat.S_ISDIR(st.st_mode): return 'dir', st
+    if not stat.S_ISREG(st.st_mode): return 'other', st
+    try:
+        with os.fdopen(os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK), 'rb') as f:
+            st = os.fstat(f.fileno())
+            return hashlib.sha256(f.read()).hexdigest(), st
+    except OSError: return 'unreadable', st
+def walk(folder, prefix, tree, record):
+    if record is not None:
+        try: os.close(os.open(os.path.join(folder, CACHE), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o400))
+        except FileExistsError: pass
     try: names = sorted(os.listdir(folder))
     except OSError: tree[prefix[:-1]] = 'unlistable'; return
+    if record is not None: record[prefix[:-1] or '.'] = ['dir'] + facts(os.lstat(folder))
     for name in names:
-        try: tree[prefix + name] = kind(os.path.join(folder, name))
+        path, rel = os.path.join(folder, name), prefix + name
+        try: st = os.lstat(path)
         except OSError: continue
-        if tree[prefix + name] == 'dir': walk(os.path.join(folder, name), prefix + name + '/')
+        mine(path, st)
+        tree[rel], st = kind(path, st)
+        if tree[rel] == 'dir': walk(path, rel + '/', tree, record)
+        elif record is not None and len(tree[rel]) == 64: record[rel] = [tree[rel]] + facts(st)
+def ours(folder, private):
+    try: st = os.lstat(folder)
+    except FileNotFoundError: return None
+    mine(folder, st)
+    if stat.S_ISDIR(st.st_mode) and stat.S_IMODE(st.st_mode) & ~private:
+        os.chmod(folder, stat.S_IMODE(st.st_mode) & private)
+    return st
+def look(record):
+    above(workdir)
+    for folder in (workdir, agent):
+        st = ours(folder, 0o700)
+        if st is None: return 'missing', {}
+        if not stat.S_ISDIR(st.st_mode): raise Refused('%s is not a folder: choose another --workdir' % folder)
+    st = ours(top, 0o700)
+    tree = {}
+    if st is None: return 'missing', tree
+    if stat.S_ISDIR(st.st_mode): walk(top, '', tree, record); return 'dir', tree
+    return ('link' if stat.S_ISLNK(st.st_mode) else 'other'), tree
+def settled(tree):
+    files, folders = {}, set()
+    for rel, what in tree.items():
+        name = rel.rsplit('/', 1)[-1]
+        if name.startswith(PARTIAL) or (name == CACHE and what == EMPTY): continue
+        if what == 'dir': folders.add(rel); continue
+        if len(what) != 64 or name == CACHE:
+            raise Refused('%s/%s is %s after the repair; connect again' % (top, rel, what))
+        files[rel] = what
+    digest = ''.join('%s\0%s\0' % (rel, files[rel]) for rel in sorted(files))
+    if hashlib.sha256(digest.encode('utf-8', 'surrogateescape')).hexdigest()[:16] != version:
+        raise Refused('the agent\'s files in %s changed while the console put them right; connect again' % top)
+    needed = set(rel.rsplit('/', 1)[0] for rel in files if '/' in rel)
+    for rel in list(needed): needed.update(rel[:i] for i in range(len(rel)) if rel[i] == '/')
+    for rel in sorted(folders - needed): raise Refused('%s/%s was added during the repair; connect again' % (top, rel))
+def say(**line):
+    sys.stdout.write(json.dumps(line) + '\n')
+    sys.stdout.flush()
 try:
     os.chdir(os.path.expanduser('~'))
-    workdir = os.path.abspath(os.path.expanduser(sys.argv[1]))
+    workdir = os.path.realpath(os.path.expanduser(sys.argv[1]))
+    version = sys.argv[2]
     agent = os.path.join(workdir, 'agent')
-    top = os.path.join(agent, sys.argv[2])
-    for folder in (agent, top):
-        if os.path.isdir(folder) and not os.path.islink(folder) and os.stat(folder).st_mode & 0o777 != 0o700:
-            os.chmod(folder, 0o700)
-    try: found = kind(top)
-    except OSError: found = 'missing'
-    if found == 'dir': walk(top, '')
+    top = os.path.join(agent, version)
+    found, tree = look(None)
     beside = os.path.join(os.path.dirname(sys.executable), 'py-spy')
     own = shutil.which('py-spy') or (beside if os.path.isfile(beside) else None)
-    try: tool = 'unused' if own else kind(os.path.join(agent, 'bin', 'py-spy'))
-    except OSError: tool = 'missing'
+    tool = 'unused' if own else 'missing'
+    st = ours(os.path.join(agent, 'bin'), 0o755) if os.path.isdir(agent) else None
+    if st is not None and stat.S_ISDIR(st.st_mode):
+        binary = os.path.join(agent, 'bin', 'py-spy')
+        st = ours(binary, 0o755)
+        if st is not None and not own: tool = kind(binary, st)[0]
+except Refused as exc:
+    say(refused=str(exc))
+    sys.exit(1)
 except OSError as exc:
     sys.exit('%s: %s' % (exc.filename, exc.strerror))
-listing = {'workdir': workdir, 'top': top, 'found': found, 'tree': tree, 'machine': platform.machine(),
-           'py_spy': own, 'tool': tool}
-sys.stdout.write(json.dumps(listing) + '\n')
-sys.stdout.flush()
+say(workdir=workdir, top=top, found=found, tree=tree, machine=platform.machine(), py_spy=own, tool=tool)
 said = b''
 while not said.endswith(b'\n'):
     byte = os.read(0, 1)
     if not byte: sys.exit(0)
     said += byte
 if said != b'GO\n': sys.exit('the console said %r, not GO' % said)
-start = ('import runpy, sys; sys.path[0] = sys.argv.pop(1); from backends import shipped; shipped.vendor_first(); '
-         'runpy.run_module("backends.agent", run_name="__main__")')
-os.execv(sys.executable, [sys.executable, '-c', start, top, '--workdir', workdir])
+record = {}
+try:
+    found, tree = look(record)
+    if found != 'dir': raise Refused('%s is %s after the repair; connect again' % (top, found))
+    settled(tree)
+    try: fd = os.memfd_create('eagle3-agent-files', 0)
+    except (AttributeError, OSError): fd = os.dup(tempfile.TemporaryFile().fileno())
+    data = json.dumps({'top': top, 'entries': record}).encode('utf-8', 'surrogateescape')
+    while data: data = data[os.write(fd, data):]
+    os.set_inheritable(fd, True)
+except Refused as exc:
+    say(refused=str(exc))
+    sys.exit(1)
+except OSError as exc:
+    say(refused='cannot check %s: %s' % (exc.filename, exc.strerror))
+    sys.exit(1)
+say(ready=len(record))
+start = ('import sys; sys.path[0] = sys.argv.pop(1); import runpy; from backends import shipped; '
+         'shipped.vendor_first(); runpy.run_module("backends.agent", run_name="__main__")')
+os.execv(sys.executable, [sys.executable, '-c', start, top, '--workdir', workdir, '--manifest-fd', str(fd)])
 """
+LAUNCHER = LAUNCHER.replace("@PARTIAL@", repr(PARTIAL)).replace("@CACHE@", repr(CACHE))
 GO = b"GO\n"
 
 
@@ -151,10 +253,23 @@ class HostCopy:
     tool: str  # what WORKDIR/agent/bin/py-spy is, as `tree` says it; "missing", or "unused" with py_spy
 
 
-def parse_listing(line: bytes) -> HostCopy:
-    """The launcher's JSON line; ValueError when it is not what the launcher prints."""
+class Refused(Exception):
+    """The launcher would not run the agent from the host's copy; the message says why and what to do."""
+
+
+def _said(line: bytes) -> dict[str, Any]:
     data: Any = json.loads(line)
-    if not (isinstance(data, dict) and isinstance(data.get("tree"), dict)):
+    if not isinstance(data, dict):
+        raise ValueError("the launcher printed something else")
+    if isinstance(data.get("refused"), str):
+        raise Refused(data["refused"])
+    return data
+
+
+def parse_listing(line: bytes) -> HostCopy:
+    """The launcher's JSON line; Refused when it refused, ValueError when it is not what the launcher prints."""
+    data = _said(line)
+    if not isinstance(data.get("tree"), dict):
         raise ValueError("the launcher printed something else")
     return HostCopy(
         str(data["workdir"]),
@@ -167,6 +282,13 @@ def parse_listing(line: bytes) -> HostCopy:
     )
 
 
+def parse_ready(line: bytes) -> None:
+    """The launcher's line after GO: the repaired copy checked (it becomes the agent), else Refused; ValueError
+    when it is not what the launcher prints."""
+    if not isinstance(_said(line).get("ready"), int):
+        raise ValueError("the launcher printed something else")
+
+
 @dataclass(frozen=True)
 class Repair:
     """What to do to make the host's copy equal the manifest."""
@@ -177,11 +299,10 @@ class Repair:
     remove: tuple[tuple[str, bool], ...] = ()  # (path, is a folder): extras and wrong kinds, removed first
     folders: tuple[str, ...] = ()  # folders to make, parents first
     write: tuple[str, ...] = ()  # modules to (re)write
-    stale: tuple[str, ...] = ()  # compiled copies of the modules rewritten
 
     @property
     def needed(self) -> bool:
-        return bool(self.remove or self.folders or self.write or self.stale)
+        return bool(self.remove or self.folders or self.write)
 
     def summary(self) -> str:
         """The differences in a few words, e.g. 'changed: backends/agent.py; removed: backends/evil.py'."""
@@ -194,48 +315,37 @@ class Repair:
 
 
 def plan(files: dict[str, str], tree: dict[str, str]) -> Repair:
-    """Compare the host's `tree` with the manifest `files`."""
+    """Compare the host's `tree` with the manifest `files`. A folder's `__pycache__` is right as the launcher
+    makes it (an empty file) or missing (it makes it after the repair); as anything else it goes."""
     folders = {posixpath.dirname(path) for path in files}
     folders |= {parent for folder in folders for parent in _parents(folder)}
-    caches = {f"{folder}/{CACHE}" for folder in folders}
+    caches = {CACHE} | {f"{folder}/{CACHE}" for folder in folders}
     changed: list[str] = []
     extra: list[str] = []
     remove: list[tuple[str, bool]] = []
-    compiled: list[str] = []
     for path, kind in sorted(tree.items()):
         is_folder = kind in ("dir", "unlistable")
         if any(path.startswith(f"{gone}/") for gone, folder in remove if folder):
             continue  # goes with its folder
-        if posixpath.basename(path).startswith(PARTIAL) or kind == files.get(path, "dir" if path in folders else ""):
+        wanted = files.get(path, "dir" if path in folders else EMPTY if path in caches else "")
+        if posixpath.basename(path).startswith(PARTIAL) or kind == wanted:
             continue
         if path in files or path in folders:
             changed.append(path)  # a module with other bytes is renamed over; anything else in the way goes first
             if is_folder or path in folders:
                 remove.append((path, is_folder))
-        elif path in caches and kind == "dir":
-            continue
-        elif posixpath.dirname(path) in caches and not is_folder and kind not in ("link", "other"):
-            compiled.append(path)
         else:
             extra.append(path)
             remove.append((path, is_folder))
     gone = {path for path, _ in remove}
     present = {p for p in tree if p not in gone and not any(p.startswith(f"{g}/") for g in gone)}
-    write = [path for path in sorted(files) if path in changed or path not in present]
-    rewritten = {(posixpath.dirname(path), posixpath.basename(path).removesuffix(".py")) for path in write}
-    stale = [
-        path
-        for path in compiled
-        if (posixpath.dirname(posixpath.dirname(path)), posixpath.basename(path).split(".")[0]) in rewritten
-    ]
     return Repair(
         changed=tuple(changed),
         missing=tuple(path for path in sorted(files) if path not in tree),
         extra=tuple(extra),
         remove=tuple(remove),
         folders=tuple(sorted((f for f in folders if f not in present), key=lambda f: f.count("/"))),
-        write=tuple(write),
-        stale=tuple(stale),
+        write=tuple(path for path in sorted(files) if path in changed or path not in present),
     )
 
 
@@ -248,7 +358,6 @@ async def repair(sftp: asyncssh.SFTPClient, top: str, what: Repair) -> None:
         with contextlib.suppress(asyncssh.SFTPFailure):  # made meanwhile by another console
             await sftp.mkdir(_remote(f"{top}/{folder}"))
     await asyncio.gather(*(_replace(sftp, local[path], f"{top}/{path}") for path in what.write))
-    await asyncio.gather(*(_remove(sftp, f"{top}/{path}", False) for path in what.stale))
 
 
 async def upload(sftp: asyncssh.SFTPClient, top: str) -> None:
@@ -259,13 +368,52 @@ async def upload(sftp: asyncssh.SFTPClient, top: str) -> None:
     staging = f"{agent}/.upload-{uuid.uuid4().hex[:8]}"
     await sftp.mkdir(staging, asyncssh.SFTPAttrs(permissions=0o700))
     files = sources()
-    for folder in sorted({posixpath.dirname(path) for path in files}):
-        await sftp.makedirs(f"{staging}/{folder}", exist_ok=True)
-    await asyncio.gather(*(sftp.put(str(source), f"{staging}/{path}") for path, source in files.items()))
+    try:
+        for folder in sorted({posixpath.dirname(path) for path in files}):
+            await sftp.makedirs(f"{staging}/{folder}", exist_ok=True)
+        puts = [sftp.put(str(source), f"{staging}/{path}") for path, source in files.items()]
+        failed = [done for done in await asyncio.gather(*puts, return_exceptions=True) if isinstance(done, Exception)]
+        if failed:  # raised once every put has ended, so that nothing writes into the folder being removed
+            raise failed[0]
+    except asyncssh.SFTPError:
+        with contextlib.suppress(asyncssh.SFTPError):
+            await sftp.rmtree(staging)  # half a copy is of no use, and on a full disk it holds what space is left
+        raise
     try:
         await sftp.rename(staging, top)
     except asyncssh.SFTPError:
         await sftp.rmtree(staging)  # another console uploaded the same version meanwhile
+
+
+def bytes_to_write(what: Repair | None) -> int:
+    """What an upload (None) or a repair writes on the host, in bytes."""
+    local = sources()
+    return sum(local[path].stat().st_size for path in (local if what is None else what.write))
+
+
+async def no_space(sftp: asyncssh.SFTPClient, workdir: str, needed: int) -> str | None:
+    """Why writing `needed` bytes under `workdir` failed when it is for want of space on its disk (as the host's
+    statvfs says, asked of the deepest folder there is), else None: an SFTP server says only "Failure"."""
+    folder = workdir
+    while True:
+        try:
+            disk = await sftp.statvfs(_remote(folder))
+            break
+        except asyncssh.SFTPNoSuchFile:
+            if folder in ("/", ""):
+                return None
+            folder = posixpath.dirname(folder)
+        except asyncssh.SFTPError:  # a server without OpenSSH's statvfs: nothing to tell
+            return None
+    free = disk.bavail * disk.frsize
+    if disk.files and not disk.favail:
+        return f"no space left on the host's disk holding {workdir} (no free inodes)"
+    if free >= needed:
+        return None
+    return (
+        f"no space left on the host's disk holding {workdir}: the agent's files need {needed / 1e6:.1f} MB, "
+        f"{free / 1e6:.1f} MB are free"
+    )
 
 
 async def _replace(sftp: asyncssh.SFTPClient, source: Path, target: str) -> None:

@@ -25,8 +25,7 @@ from pathlib import Path
 
 import asyncssh
 
-from backends.shipped import BIN, PY_SPY
-from console.agent_copy import PARTIAL
+from backends.shipped import BIN, PARTIAL, PY_SPY
 
 VERSION = "0.4.3"
 PIP_TIMEOUT_S = 120

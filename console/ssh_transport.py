@@ -30,7 +30,7 @@ import asyncssh
 
 from console import agent_copy, host_keys, host_py_spy, vendored
 from console.errors import TransportError
-from console.transport import STDERR_KEEP_LINES, Transport
+from console.transport import STDERR_KEEP_LINES, Transport, whole_line
 from console.visible import printable
 
 DEFAULT_PYTHON = "python3"  # the host's interpreter for the agent, unless --remote-python names another
@@ -183,12 +183,20 @@ class SSHTransport(Transport):
         py_spy = await self._py_spy_to_upload(host)
         if repair is None or repair.needed or py_spy is not None:
             async with self._conn.start_sftp_client() as sftp:
-                if repair is None:
-                    if host.found != "missing":  # a file or a link where the folder belongs
-                        await sftp.remove(host.top.encode("utf-8", "surrogateescape"))
-                    await agent_copy.upload(sftp, host.top)
-                elif repair.needed:
-                    await agent_copy.repair(sftp, host.top, repair)
+                try:
+                    if repair is None:
+                        if host.found != "missing":  # a file or a link where the folder belongs
+                            await sftp.remove(host.top.encode("utf-8", "surrogateescape"))
+                        await agent_copy.upload(sftp, host.top)
+                    elif repair.needed:
+                        await agent_copy.repair(sftp, host.top, repair)
+                except asyncssh.SFTPFailure:
+                    full = await agent_copy.no_space(sftp, host.workdir, agent_copy.bytes_to_write(repair))
+                    if full is None:
+                        raise
+                    raise TransportError(
+                        f"{self.spec}: {full}; free some space there, or choose another --workdir", transient=False
+                    ) from None
                 if py_spy is not None:
                     py_spy = await self._upload_py_spy(sftp, host, py_spy)
         if repair is not None and repair.needed:
@@ -198,6 +206,26 @@ class SSHTransport(Transport):
         if py_spy is not None and host.tool != "missing":
             self.say(f"{self.spec}: {host_py_spy.where(host.top)} on the host was not the pinned py-spy; replaced it")
         self._proc.stdin.write(agent_copy.GO)
+        await self._ready()
+
+    async def _ready(self) -> None:
+        """The launcher's word on the repaired copy, before it becomes the agent."""
+        assert self._proc is not None
+        try:
+            line = await asyncio.wait_for(self._proc.stdout.readline(), CONNECT_TIMEOUT_S)
+            agent_copy.parse_ready(line)
+        except asyncio.TimeoutError:
+            raise TransportError(f"{self.spec}: the agent's files went unchecked for {CONNECT_TIMEOUT_S} s") from None
+        except agent_copy.Refused as exc:
+            raise self._refused(exc) from None
+        except ValueError:
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._proc.wait_closed(), timeout=5)
+                await asyncio.wait_for(self._stderr_task or asyncio.sleep(0), timeout=1)
+            raise TransportError(f"{self.spec}: the launcher did not start the agent{self._why()}") from None
+
+    def _refused(self, exc: agent_copy.Refused) -> TransportError:
+        return TransportError(f"{self.spec}: refused to start the agent: {exc}", transient=False)
 
     async def _py_spy_to_upload(self, host: agent_copy.HostCopy) -> Path | None:
         """The py-spy to put on a host that has none of its own and not the right one uploaded; when there is
@@ -231,7 +259,10 @@ class SSHTransport(Transport):
         assert self._proc is not None and self._stderr_task is not None
         with contextlib.suppress(ValueError):
             if line:
-                return agent_copy.parse_listing(line)
+                try:
+                    return agent_copy.parse_listing(line)
+                except agent_copy.Refused as exc:
+                    raise self._refused(exc) from None
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(self._proc.wait_closed(), timeout=5)
             await asyncio.wait_for(self._stderr_task, timeout=1)
@@ -264,10 +295,16 @@ class SSHTransport(Transport):
 
     async def receive(self) -> bytes:
         assert self._proc is not None
-        try:
-            return await self._proc.stdout.readline()
-        except (asyncssh.Error, OSError):
-            return b""
+        stdout = self._proc.stdout
+
+        async def piece() -> bytes:
+            # asyncssh hands a line longer than its window (2 MiB) over in parts, each looking like a line
+            try:
+                return await stdout.readline()
+            except (asyncssh.Error, OSError):
+                return b""
+
+        return await whole_line(piece)
 
     def last_words(self) -> str:
         words = "\n".join(self._stderr)

@@ -20,7 +20,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from console.agent_copy import CACHE, GO, PARTIAL, Repair, backends_version, launch_command, manifest, plan, sources
+from backends.shipped import PARTIAL
+from console.agent_copy import CACHE, EMPTY, GO, Repair, backends_version, launch_command, manifest, plan, sources
 from tests.conftest import REPO, Notes, until
 from tests.sshd import ALIAS, Sshd
 from tests.test_ssh import console
@@ -192,8 +193,8 @@ def test_nothing_in_the_remote_home_shadows_the_checked_agent(tmp_path: Path) ->
         timeout=60,
     )
     assert done.returncode == 0, done.stderr
-    checked, reply = done.stdout.splitlines()[:2]
-    assert json.loads(checked)["found"] == "dir"
+    checked, ready, reply = done.stdout.splitlines()[:3]
+    assert json.loads(checked)["found"] == "dir" and json.loads(ready)["ready"] > len(sources())
     assert json.loads(reply)["result"]["workdir"] == str(workdir)
     assert not marker.exists()
 
@@ -202,7 +203,7 @@ def test_nothing_in_the_remote_home_shadows_the_checked_agent(tmp_path: Path) ->
 
 FILES = {"backends/__init__.py": "a" * 64, "backends/agent.py": "b" * 64, "backends/train/loop.py": "c" * 64}
 FOLDERS = {"backends", "backends/train"}
-KINDS = st.sampled_from(["dir", "link", "other", "unreadable", "unlistable", "d" * 64, "a" * 64])
+KINDS = st.sampled_from(["dir", "link", "other", "unreadable", "unlistable", "d" * 64, "a" * 64, EMPTY])
 NAMES = st.sampled_from(
     [
         *FILES,
@@ -211,7 +212,9 @@ NAMES = st.sampled_from(
         "backends/evil.py",
         "backends/train/hook",
         "backends/train/hook/__init__.py",
+        CACHE,
         f"backends/{CACHE}",
+        f"backends/train/{CACHE}",
         f"backends/{CACHE}/agent.cpython-311.pyc",
         f"backends/{CACHE}/protocol.cpython-311.pyc",
         f"backends/train/{CACHE}/loop.cpython-312.pyc",
@@ -232,8 +235,6 @@ def carried_out(tree: dict[str, str], repair: Repair) -> dict[str, str]:
     for path in repair.write:
         assert posixpath.dirname(path) in held and held.get(path, "") != "dir"
         held[path] = FILES[path]
-    for path in repair.stale:
-        del held[path]
     return held
 
 
@@ -244,10 +245,11 @@ def test_carrying_out_the_plan_leaves_exactly_the_manifest(tree: dict[str, str],
     tree = {p: k for p, k in tree.items() if all(tree.get(parent) == "dir" for parent in _parents(p))}
     repair = plan(FILES, tree)
     held = carried_out(tree, repair)
-    kept = {p: k for p, k in held.items() if CACHE not in p.split("/") and PARTIAL not in p}
+    kept = {p: k for p, k in held.items() if posixpath.basename(p) != CACHE and PARTIAL not in p}
     assert kept == {**FILES, **{f: "dir" for f in FOLDERS}}
-    rewritten = {posixpath.basename(p).removesuffix(".py") for p in repair.write}
-    assert not [p for p in held if f"/{CACHE}/" in p and p.rsplit("/", 1)[1].split(".")[0] in rewritten]
+    # No bytecode is left: a folder's __pycache__ stays only as the launcher's empty file, where it belongs.
+    placeholders = {p: k for p, k in held.items() if posixpath.basename(p) == CACHE}
+    assert all(k == EMPTY and posixpath.dirname(p) in ("", *FOLDERS) for p, k in placeholders.items())
     assert repair.needed == (held != tree)
 
 

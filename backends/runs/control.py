@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from backends import PACKAGE_ROOT, serving
+from backends import PACKAGE_ROOT, serving, shipped
 from backends.argv_edit import ArgvEditError, edit_argv
 from backends.host import diskspace, procinfo
 from backends.masking import mask_argv, mask_env
@@ -68,6 +68,18 @@ def gate(spec: RunSpec, force: bool) -> PreflightResult:
     return checked
 
 
+def unchanged_agent() -> None:
+    """A supervisor imports the agent's code anew: OpError when the uploaded copy changed since it was verified."""
+    try:
+        shipped.check_unchanged()
+    except (shipped.Altered, OSError) as exc:
+        raise OpError(
+            "agent_altered",
+            f"the agent's files on the host changed since it started ({exc}); nothing was launched: connect again "
+            "and the console restores them (from the command line: --no-reuse)",
+        ) from None
+
+
 def start_supervisor(run: RunDir) -> None:
     # cwd = the folder holding `backends`, so `-m` finds it whether installed or uploaded.
     result = subprocess.run(
@@ -106,6 +118,7 @@ def launch(store: RunStore, spec: RunSpec, checked: PreflightResult | None = Non
     `checked` is what the pre-launch checks found (see `gate`); it is kept in the
     run's events and returned.
     """
+    unchanged_agent()
     run = store.create(spec)
     flags, verdict = (checked["flags"], checked["doctor"]) if checked is not None else (None, None)
     try:
@@ -246,6 +259,7 @@ def relaunch(
     `dry_run` stops after the gate: the copy's command line, whether the parent has processes to stop, and
     what the checks found; nothing stopped.
     """
+    unchanged_agent()  # before the parent is stopped for a copy that could not start
     parent = store.get(ref)
     spec = parent.trusted_spec()
     if not all(isinstance(x, str) for x in [*sets, *unsets]):
