@@ -190,6 +190,7 @@ def test_a_very_long_line_is_cut_with_its_size_and_what_is_kept_stays_bounded() 
     assert after == "next"
     assert line == "a" + "é" * (SHOWN_BYTES // 2 - 1) + " … [+1.9 MB]"
     assert "\ufffd" not in line
+    assert reader.feed(b"a\n" + b"y" * 20_000 + b"\nb") == ["a", "y" * SHOWN_BYTES + " … [+3.6 kB]"]  # within a read
     assert [size_text(n) for n in (0, 999, 1000, 1_949_999, 999_949_999, 5 * 10**9)] == [
         "0 B",
         "999 B",

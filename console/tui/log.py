@@ -73,6 +73,15 @@ def size_text(size: int) -> str:
     return f"{value:.1f} {unit}"
 
 
+def shown_line(head: bytes | bytearray, size: int) -> str:
+    """A line of `size` bytes that starts with `head` (at most SHOWN_BYTES of it), as a line of the log: whole, or
+    its head and how much more there was (`… [+1.9 MB]`)."""
+    if size == len(head):
+        return head.decode(errors="replace")
+    text = codecs.getincrementaldecoder("utf-8")("replace").decode(bytes(head))  # its torn end dropped
+    return f"{text} {CUT} [+{size_text(size - len(head))}]"
+
+
 @dataclass
 class Part:
     """One part of a line between carriage returns, bounded: its first SHOWN_BYTES, its last PROGRESS_BYTES and
@@ -85,7 +94,7 @@ class Part:
     def add(self, data: bytes) -> None:
         if len(self.head) < SHOWN_BYTES:
             self.head += data[: SHOWN_BYTES - len(self.head)]
-        self.tail = (self.tail + data)[-PROGRESS_BYTES:]
+        self.tail = (self.tail + data[-PROGRESS_BYTES:])[-PROGRESS_BYTES:]
         self.size += len(data)
 
     @property
@@ -93,11 +102,7 @@ class Part:
         return self.size == len(self.head) and not self.head.strip()
 
     def shown(self) -> str:
-        """The part as a line of the log: whole, or its head and how much more there was (`… [+1.9 MB]`)."""
-        if self.size == len(self.head):
-            return self.head.decode(errors="replace")
-        head = codecs.getincrementaldecoder("utf-8")("replace").decode(bytes(self.head))  # its torn end dropped
-        return f"{head} {CUT} [+{size_text(self.size - len(self.head))}]"
+        return shown_line(self.head, self.size)
 
     def end(self) -> str:
         """The part's last characters, for the progress bar (a torn first character dropped)."""
@@ -118,7 +123,18 @@ class LineReader:
 
     def feed(self, data: bytes) -> list[str]:
         """The lines `data` ended."""
-        lines: list[str] = []
+        if b"\r" not in data:  # most output: whole lines, split at C speed
+            *ended, rest = data.split(b"\n")
+            if not ended:
+                self.part.add(rest)
+                return []
+            self.part.add(ended[0])
+            lines = [self.state().shown()]
+            lines += [shown_line(line[:SHOWN_BYTES], len(line)) for line in ended[1:]]
+            self.part, self.last = Part(), None
+            self.part.add(rest)
+            return lines
+        lines = []
         at = 0
         for found in re.finditer(rb"[\r\n]", data):
             self.part.add(data[at : found.start()])
