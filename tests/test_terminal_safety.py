@@ -175,6 +175,8 @@ def test_a_progress_bar_shows_its_last_state_and_a_crlf_line_its_text() -> None:
     assert reader.feed(b"\r100%|#####|\n") == ["100%|#####|"]
     assert reader.progress() == ""
     assert reader.feed(b"windows\r\nline\n\rcleared 99%\r           \r\n") == ["windows", "line", "cleared 99%"]
+    assert reader.feed(b"\r 60%|###  |\r 70%|#### ") == [] and reader.end() == [" 70%|#### "]  # the output ended
+    assert reader.end() == [] and reader.feed(b"done\n  ") == ["done"] and reader.end() == []
 
 
 def test_a_very_long_line_is_cut_with_its_size_and_what_is_kept_stays_bounded() -> None:

@@ -169,7 +169,7 @@ async def test_cut_lines_scroll_sideways_and_a_mouse_drag_selects_and_copies_tex
 ATTACKS = OSC52 + TITLE + LINK + CLEAR + DCS + C1
 HOSTILE_NAME = "loss" + OSC52 + C1
 # A run that writes every attack into its log and a metric name, coloured words, markup, a raw 0x9b byte, a line of
-# 2 MB, a finished progress bar and one being drawn, then waits.
+# 2 MB, a finished progress bar and one being drawn; it ends when told, its bar never ended by a newline.
 HOSTILE = (
     "import json, os, sys, time\n"
     "with open(os.environ['EAGLE3_METRICS_FILE'], 'a') as metrics:\n"
@@ -181,14 +181,16 @@ HOSTILE = (
     "sys.stdout.write(''.join(f'\\r{p:3d}%|' + '#' * (p // 10) for p in range(0, 101, 10)) + '\\n')\n"
     "sys.stdout.write('\\r 40%|####      |\\r 50%|#####     |')\n"
     "sys.stdout.flush()\n"
-    "time.sleep(120)\n"
+    "while not os.path.exists(sys.argv[1]):\n"
+    "    time.sleep(0.05)\n"
 )
 
 
 async def test_a_runs_escapes_are_shown_its_colours_kept_its_bar_as_it_stands_and_a_huge_line_cut(
-    workdir: Path, nvml_state: Path
+    workdir: Path, nvml_state: Path, tmp_path: Path
 ) -> None:
-    run_id = await launch(workdir, [sys.executable, "-c", HOSTILE], name="hostile")
+    end = tmp_path / "end"
+    run_id = await launch(workdir, [sys.executable, "-c", HOSTILE, str(end)], name="hostile")
     async with console(workdir, size=(120, 40)) as (app, pilot, notes):
         log = app.query_one(TailLog)
         await until(pilot, lambda: app.query_one(RunsTable).selected_run() == run_id, what="the run")
@@ -215,3 +217,7 @@ async def test_a_runs_escapes_are_shown_its_colours_kept_its_bar_as_it_stands_an
         note = await until(pilot, lambda: next((n for n in notes if n.title.startswith("run")), None), what="it")
         assert not note.markup and note.message == f"[b]{printable(ATTACKS)}[/b]"
         assert note.title == "run" + printable(OSC52)
+
+        end.touch()  # the run ends inside its bar's line: its last state is the log's last line, not left under it
+        await until(pilot, lambda: log.kept[-1].plain == f"— run {run_id} exited —", what="the end")
+        assert log.kept[-2].plain == " 50%|#####     |" and str(progress.content) == ""

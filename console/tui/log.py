@@ -149,6 +149,12 @@ class LineReader:
         self.part.add(data[at:])
         return lines
 
+    def end(self) -> list[str]:
+        """The line the output stopped in, had it no newline after it (a bar's last redraw), as its last line."""
+        state = self.state()
+        self.part, self.last = Part(), None
+        return [] if state.blank else [state.shown()]
+
     def state(self) -> Part:
         return self.last if self.part.blank and self.last is not None else self.part
 
