@@ -224,8 +224,8 @@ daemon(True)
 """
 
 
-def test_a_daemon_that_kept_its_environment_is_killed_one_that_also_renamed_itself_is_left_alone(
-    workdir: Path,
+def test_a_daemon_that_kept_its_environment_is_killed_one_that_also_renamed_itself_is_named_not_signalled(
+    cli: CLI, workdir: Path
 ) -> None:
     store = RunStore(workdir)
     run = store.get(runctl.launch(store, RunSpec(kind="command", argv=python(DAEMONS)))["run"])
@@ -240,9 +240,16 @@ def test_a_daemon_that_kept_its_environment_is_killed_one_that_also_renamed_itse
             assert stat is not None and stat.sid != child.pid and stat.ppid != child.pid  # left, re-parented
         report = runctl.kill(run, "TERM", 5)
         # Provable by its marker: killed. Out of the session with its environment cleared, once its parent is
-        # gone nothing ties it to the run: never signalled on a guess (README, Safety).
+        # gone nothing proves it the run's: never signalled on a guess, but named, as it writes to the run's log.
         assert [(p["pid"], p["died"]) for p in report["processes"]] == [(plain, True)]
+        assert [r["pid"] for r in report["refused"]] == [renamed]
+        assert "cannot be proven the run's" in report["refused"][0]["reason"]
         assert alive(renamed)
+        done = cli("kill", run.id)
+        assert done.returncode == 1 and alive(renamed)
+        said = done.stderr.decode()
+        assert said.count("\n") == 1 and "nothing to kill" in said
+        assert f"pid {renamed} writes to the run's output.log" in said and "kill it yourself" in said
     finally:
         for pid in (plain, renamed):
             with contextlib.suppress(ProcessLookupError):

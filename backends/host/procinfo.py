@@ -244,6 +244,30 @@ def proc_owner(pid: int) -> int | None:
         return None
 
 
+def unproven_writers(log: Path, proven: Collection[int], child: ProcIdentity | None) -> list[int]:
+    """Processes of ours born since the run's `child`, not among `proven`, whose stdout or stderr is the run's
+    `log`: a process of the run that left its session and cleared its environment still writes where it was
+    started. Told to the user, never signalled: anyone may point a process's output at a file."""
+    try:
+        target = log.stat()
+    except OSError:
+        return []
+    floor = child.start_ticks if child is not None else 0
+    found: list[int] = []
+    for stat in live_stats():
+        if stat.pid in proven or stat.start_ticks < floor or proc_owner(stat.pid) != os.geteuid():
+            continue
+        for fd in (1, 2):
+            try:
+                st = os.stat(PROC / str(stat.pid) / "fd" / str(fd))
+            except OSError:
+                continue
+            if (st.st_dev, st.st_ino) == (target.st_dev, target.st_ino):
+                found.append(stat.pid)
+                break
+    return found
+
+
 def holds_its_pid(ident: ProcIdentity) -> bool:
     """True while `ident`'s pid is still its own: the process lives, or is a zombie not yet reaped."""
     stat = read_stat(ident.pid)

@@ -15,7 +15,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +25,7 @@ from backends.host import diskspace, procinfo
 from backends.masking import mask_argv, mask_env
 from backends.protocol import SIGNAL_NAMES, KilledProcess, KillResult, PreflightResult, StacksResult
 from backends.runs import job, preflight, stages, watch
-from backends.runs.store import STACKS, RunDir, RunSpec, RunStore, StoreError
+from backends.runs.store import OUTPUT, STACKS, RunDir, RunSpec, RunStore, StoreError
 
 LAUNCH_CONFIRM_S = 5.0
 POLL_S = 0.01  # a kill is answered when its processes are seen gone: a coarse poll only adds wait
@@ -184,7 +184,10 @@ def kill(run: RunDir, signal_name: str = "TERM", grace: float = 10.0) -> KillRes
         )
     targets = run.processes()
     if not targets:
-        raise OpError("not_running", f"run {run.id} has no live process (state {run.state()}); nothing to kill")
+        said = f"run {run.id} has no live process (state {run.state()}); nothing to kill"
+        for unproven in unproven_of(run, ()):
+            said += f"; pid {unproven['pid']} {unproven['reason']}"
+        raise OpError("not_running", said)
     sent: dict[int, list[str]] = {}
     refused: list[dict[str, Any]] = []
 
@@ -222,11 +225,22 @@ def kill(run: RunDir, signal_name: str = "TERM", grace: float = 10.0) -> KillRes
         send(signal.SIGKILL, survivors)
         wait_gone(KILL_ESCALATION_WAIT_S)
     _wait_exit_record(run)
+    refused.extend(unproven_of(run, targets))
     processes: list[KilledProcess] = [
         {"pid": pid, "signals": sent.get(pid, []), "died": not procinfo.is_alive(ident)}
         for pid, ident in sorted(targets.items())
     ]
     return {"run": run.id, "state": run.state(), "processes": processes, "refused": refused, "escalated": escalated}
+
+
+def unproven_of(run: RunDir, proven: Collection[int]) -> list[dict[str, Any]]:
+    """What writes to the run's output.log without being provably the run's (procinfo.unproven_writers): said, in
+    `refused`'s shape, never signalled."""
+    why = (
+        "writes to the run's output.log but left its session and cleared its environment, so it cannot be proven "
+        "the run's and was not signalled; kill it yourself if it is"
+    )
+    return [{"pid": pid, "reason": why} for pid in procinfo.unproven_writers(run.file(OUTPUT), proven, run.child())]
 
 
 def _wait_exit_record(run: RunDir) -> None:
