@@ -60,6 +60,7 @@ from backends.protocol import (
 )
 from backends.runs import control as runctl
 from backends.runs import job, preflight
+from backends.runs.holders import RunHolders
 from backends.runs.store import (
     CHILD_ONLY_ENV,
     DEFAULT_WORKDIR,
@@ -417,16 +418,29 @@ class Agent:
 
     async def op_free_gpus(self, gpus: list[int] | None, dry_run: bool, timeout: float, grace: float) -> FreeGpusResult:
         self._owners = runctl.owner_lookup(self.store)
-        return await asyncio.to_thread(free_gpus, self.sampler, gpus, dry_run, timeout, grace, self._record_free)
+
+        def free() -> FreeGpusResult:
+            holders = RunHolders(self.store)  # which run each process is part of, proven by its store's record
+            return free_gpus(self.sampler, gpus, dry_run, timeout, grace, self._record_free, holders)
+
+        return await asyncio.to_thread(free)
 
     def _record_free(self, plan: FreePlan) -> None:
-        """A run whose processes free-gpus is about to stop shows as killed, not failed."""
-        by_run: dict[str, list[int]] = {}
+        """A run whose processes free-gpus is about to stop shows as killed, not failed: in its own store, this
+        one or another workdir's."""
+        by_run: dict[Path, list[int]] = {}
         for planned in plan.processes:
-            if planned.skip is None and planned.process["run_id"]:
-                by_run.setdefault(planned.process["run_id"], []).append(planned.process["pid"])
-        for run_id, pids in by_run.items():
-            self.store.get(run_id).append_event("signal", signal="TERM", pids=sorted(pids), by="free-gpus")
+            if planned.skip is None and planned.process["run_id"] and planned.holder in ("run", "other_store"):
+                workdir = self.store.workdir if planned.workdir is None else Path(planned.workdir)
+                folder = workdir / "runs" / planned.process["run_id"]
+                by_run.setdefault(folder, []).append(planned.process["pid"])
+        for folder, pids in by_run.items():
+            try:
+                RunDir(folder).append_event("signal", signal="TERM", pids=sorted(pids), by="free-gpus")
+            except OSError:
+                if folder.parent == self.store.runs:
+                    raise
+                # Another store that cannot be written (read-only, gone): the kill goes on, unrecorded there.
 
     async def op_logs(self, run: str, offset: int | None, tail: int | None, max_bytes: int) -> LogChunk:
         rundir = self.store.get(run)

@@ -368,12 +368,20 @@ class KillResult(TypedDict):
     escalated: bool
 
 
+# Whose a process on a GPU is, as free-gpus proves it: a run of this store (`run_id`), a run of another workdir
+# (`run_id` of `workdir`, proven by that store's own record), the user's own process that is no run's, another
+# user's (never signalled), or unknown (gone, or not proven to hold the GPU: nothing said of it is its holder's).
+HolderKind = Literal["run", "other_store", "own", "not_yours", "unknown"]
+
+
 class HeldProcess(TypedDict):
     pid: int
     user: str | None
     mem_mib: int | None
     run_id: str | None
     action: str  # "kill", "skip: <reason>", "killed", "survived"
+    holder: HolderKind
+    workdir: str | None  # the other store's workdir, for holder "other_store"
 
 
 class GpuFreeReport(TypedDict):

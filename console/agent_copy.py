@@ -85,9 +85,10 @@ def above(path):
                 st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX):
             what = 'is a link' if stat.S_ISLNK(st.st_mode) else 'belongs to ' + owner if st.st_uid not in (0, ME) \
                 else 'is writable by others (%s, mode %o)' % (owner, stat.S_IMODE(st.st_mode))
+            fix = ' (or chmod go-w %s)' % folder if st.st_uid == ME else ''
             raise Refused('%s %s: whoever can change a folder above the agent\'s files can swap them for code the '
-                          'agent runs as %s; choose a --workdir in folders only root or %s can change'
-                          % (folder, what, who(ME), who(ME)))
+                          'agent runs as %s; choose a --workdir in folders only root or %s can change%s'
+                          % (folder, what, who(ME), who(ME), fix))
 def mine(path, st):
     if st.st_uid != ME:
         raise Refused('%s belongs to %s, not to %s who runs the agent: remove it, or choose a --workdir of your own'
@@ -363,7 +364,7 @@ async def repair(sftp: asyncssh.SFTPClient, top: str, what: Repair) -> None:
 async def upload(sftp: asyncssh.SFTPClient, top: str) -> None:
     """The whole version into a private staging folder, renamed to `top` when complete."""
     agent = posixpath.dirname(top)
-    await sftp.makedirs(agent, exist_ok=True)
+    await sftp.makedirs(agent, asyncssh.SFTPAttrs(permissions=0o700), exist_ok=True)  # WORKDIR too, private
     await sftp.chmod(agent, 0o700)
     staging = f"{agent}/.upload-{uuid.uuid4().hex[:8]}"
     await sftp.mkdir(staging, asyncssh.SFTPAttrs(permissions=0o700))

@@ -19,6 +19,7 @@ from backends.protocol import (
     Finding,
     FreeGpusResult,
     GpuInfo,
+    HeldProcess,
     InferredHolder,
     KillResult,
     Metric,
@@ -445,6 +446,19 @@ def kill_text(result: KillResult) -> str:
     return "\n".join(lines)
 
 
+def holder_text(process: HeldProcess) -> str:
+    """Whose a GPU's process is, as free-gpus proved it: which run of which store, the user's own, or not theirs."""
+    run, workdir = process["run_id"], process["workdir"]
+    said = {
+        "run": f"run {run} of this store",
+        "other_store": f"run {run} of workdir {workdir}",
+        "own": "your process, not a run",
+        "not_yours": "not yours: never killed",
+        "unknown": "holder unknown",
+    }
+    return printable(said[process["holder"]])
+
+
 def free_text(result: FreeGpusResult) -> str:
     lines = []
     if not result["gpus"]:
@@ -457,11 +471,12 @@ def free_text(result: FreeGpusResult) -> str:
             head += f" freed {cell(g['freed_mib'])} MiB ({cell(g['mem_used_after_mib'])} MiB still used)"
         lines.append(head)
         for p in g["processes"]:
-            owner = f"{p['user'] or NA}" + (f", run {p['run_id']}" if p.get("run_id") else "")
+            owner = f"{p['user'] or NA}, {holder_text(p)}"
             lines.append(f"  pid {p['pid']} ({owner}, {cell(p['mem_mib'])} MiB): {p['action']}")
         if not result["dry_run"]:
             for p in g["still_held"]:
-                lines.append(f"  still held: pid {p['pid']} by {p['user'] or NA} ({cell(p['mem_mib'])} MiB)")
+                by = f"{p['user'] or NA}, {holder_text(p)}"
+                lines.append(f"  still held: pid {p['pid']} by {by} ({cell(p['mem_mib'])} MiB)")
         if not g["processes"]:
             lines.append("  no compute processes")
     if result["dry_run"]:

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from backends.shipped import PARTIAL
 from console.agent_copy import CACHE, backends_version, launch_command, sources
 from console.client import AgentClient
 from console.errors import AgentError
@@ -153,6 +154,13 @@ async def test_agent_files_changed_while_it_runs_are_never_run_by_a_new_supervis
         marker = tmp_path / "tampered-code-ran"
         supervise = top / "backends" / "runs" / "supervise.py"
         if tamper == "edit":
+            # Moved but not changed: same bytes, a new mtime; and a console's repair under way beside it. The
+            # stats differ, the SHA-256 does not, and a partial file cannot be imported: the launch goes ahead.
+            os.utime(supervise)
+            (supervise.parent / f"{PARTIAL}supervise.py.0123abcd").write_text("")
+            touched = await client.launch("command", [HOST_PYTHON, "-c", "print('hello')"], name="touched")
+            assert touched["run"]
+            (supervise.parent / f"{PARTIAL}supervise.py.0123abcd").unlink()
             supervise.write_text(f"open({str(marker)!r}, 'w').close()\n" + supervise.read_text())
             named = "backends/runs/supervise.py changed"
         else:
@@ -162,7 +170,8 @@ async def test_agent_files_changed_while_it_runs_are_never_run_by_a_new_supervis
             await client.launch("command", [HOST_PYTHON, "-c", "print('hello')"], name="after-tamper")
         assert refused.value.code == "agent_altered" and "\n" not in refused.value.message
         assert named in refused.value.message and "--no-reuse" in refused.value.message
-        assert (await client.status(gpus=False))["runs"] == []  # nothing was started
+        started = [run["name"] for run in (await client.status(gpus=False))["runs"]]
+        assert "after-tamper" not in started  # nothing was started
         assert not marker.exists()
         restored = console(sshd, ALIAS, workdir, "status")  # a new connection puts the copy right
         assert restored.returncode == 0 and "restored them" in restored.stderr

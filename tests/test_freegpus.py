@@ -8,11 +8,13 @@ GPU holder here maps its GPU's stand-in into its memory, as a CUDA context maps 
 from __future__ import annotations
 
 import dataclasses
+import functools
+import json
 import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +25,7 @@ from backends.host.freegpus import carry_out, free_gpus, plan_free
 from backends.host.gpus import GpuSampler
 from backends.protocol import ProtocolError
 from tests import fake_nvml
-from tests.conftest import Spawn
+from tests.conftest import CLI, Spawn, wait_for, wait_state
 from tests.fake_nvml import gpu, write_state
 
 STUBBORN = fake_nvml.MAP_NODES + (
@@ -180,6 +182,7 @@ def test_another_users_process_is_skipped_and_listed_as_still_held(
     assert actions[pid].startswith("skip: ")
     if user is not None:
         assert actions[pid] == f"skip: belongs to user {user}"
+        assert {p["pid"]: p["holder"] for p in report["processes"]} == {pid: "not_yours", ours.pid: "own"}
     (held,) = report["still_held"]
     assert (held["pid"], held["mem_mib"], held["action"]) == (pid, 30000, actions[pid])
     assert held["user"] == procinfo.user_name(procinfo.proc_uid(pid))
@@ -335,3 +338,62 @@ def test_sigkill_is_not_sent_to_a_process_that_let_go_of_its_node_on_sigterm(
     (report,) = free_gpus(sampler, None, dry_run=False, timeout=2, grace=0.5)["gpus"]
     assert alive(child) and not mapped(child, nodes / "nvidia0")
     assert [p["action"] for p in report["processes"]] == ["survived"]
+
+
+# --- whose each process is: runs of this store, of another workdir, the user's own ---------------------------
+
+
+def other_store(workdir: Path, *args: str) -> subprocess.CompletedProcess[bytes]:
+    """The console on another workdir of the same user on this host."""
+    argv = [sys.executable, "-m", "console", "--workdir", str(workdir), "local", *args]
+    return subprocess.run(argv, capture_output=True, timeout=60, check=False)
+
+
+def launched_holder(run: Callable[..., subprocess.CompletedProcess[bytes]], node: Path) -> tuple[str, int]:
+    """A run whose child holds `node` (as a CUDA context maps its GPU's node): its id and its child's pid."""
+    done = run("launch", "command", "--", sys.executable, "-c", fake_nvml.HOLDER, str(node))
+    assert done.returncode == 0, done.stderr
+    run_id = done.stdout.decode().strip()
+
+    def child() -> int | None:
+        (info,) = [r for r in json.loads(run("status", "--json").stdout)["runs"] if r["id"] == run_id]
+        return info["pid"] if b"ready" in run("logs", run_id).stdout else None
+
+    return run_id, wait_for(child, what=f"run {run_id} holding {node.name}")
+
+
+def test_the_plan_says_whose_each_process_is_and_a_run_of_another_workdir_ends_killed_there(
+    cli: CLI, nvml_state: Path, spawn: Spawn, tmp_path: Path
+) -> None:
+    """Real: both stores, their agents, supervisors and runs, the user's own process, the signals; the NVML
+    double lists the three on one GPU."""
+    nodes = fake_nvml.stand_in_nodes(tmp_path / "dev")
+    elsewhere = tmp_path / "elsewhere"
+    here, here_pid = launched_holder(cli, nodes / "nvidia0")
+    there, there_pid = launched_holder(functools.partial(other_store, elsewhere), nodes / "nvidia0")
+    own = holding(spawn, nodes / "nvidia0")
+    listed = [(here_pid, 1000), (there_pid, 2000), (own.pid, 3000)]
+    write_state(nvml_state, [gpu(processes=listed)], dev_dir=nodes)
+
+    planned = cli("free-gpus", "--dry-run", "--json")
+    assert planned.returncode == 0, planned.stderr
+    (report,) = json.loads(planned.stdout)["gpus"]
+    assert {p["pid"]: (p["holder"], p["run_id"], p["workdir"], p["action"]) for p in report["processes"]} == {
+        here_pid: ("run", here, None, "kill"),
+        there_pid: ("other_store", there, str(elsewhere), "kill"),
+        own.pid: ("own", None, None, "kill"),
+    }
+    shown = cli("free-gpus", "--yes")
+    assert shown.returncode == 0, shown.stderr
+    lines = shown.stdout.decode().splitlines()
+    user = procinfo.user_name(os.geteuid())
+    assert f"  pid {here_pid} ({user}, run {here} of this store, 1000 MiB): killed" in lines
+    assert f"  pid {there_pid} ({user}, run {there} of workdir {elsewhere}, 2000 MiB): killed" in lines
+    assert f"  pid {own.pid} ({user}, your process, not a run, 3000 MiB): killed" in lines
+    assert wait_state(cli, here, {"killed", "failed"})["state"] == "killed"
+
+    def state_there() -> str | None:
+        (info,) = json.loads(other_store(elsewhere, "status", "--json").stdout)["runs"]
+        return info["state"] if info["state"] not in ("running", "starting") else None
+
+    assert wait_for(state_there, what="the other store's run to end") == "killed"  # not failed

@@ -197,7 +197,7 @@ def test_free_gpus_leaves_alone_a_process_of_ours_whose_pid_nvml_lists_for_a_hos
     assert wait_state(cli, run_id, {"running"})["state"] == "running"
     assert run_info(cli, run_id)["pid"] == child
     said = cli("free-gpus", "--yes").stdout.decode()
-    assert f"pid {child} (n/a, 4600 MiB): skip: does not hold an NVIDIA device here" in said
+    assert f"pid {child} (n/a, holder unknown, 4600 MiB): skip: does not hold an NVIDIA device here" in said
 
 
 # ----- the console's GPU panel ----------------------------------------------------------------------

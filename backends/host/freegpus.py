@@ -12,6 +12,10 @@ ours. So a process is stopped only while its GPU's device node is mapped into
 its memory, as a CUDA context's is (gpunodes), proven at planning time and again
 right before each signal; one that is not is left alone, and the report names
 no user or run for it.
+
+The plan says whose each process is (`HolderKind`): a run of this store, a run
+of another workdir, the user's own process that is no run's, or another user's,
+which is never signalled. Runs are the caller's to prove (`RunOf`).
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ import os
 import signal
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from backends.host import gpunodes, procinfo
 from backends.host.gpunodes import GpuNode
@@ -34,11 +38,23 @@ from backends.protocol import (
     GpuProcess,
     GpuSourceName,
     HeldProcess,
+    HolderKind,
     ProtocolError,
 )
 
 POLL_S = 0.1
 GONE = "gone (or not visible from this host's pid namespace)"
+
+
+@dataclass(frozen=True)
+class RunHolder:
+    """The run a process is proven to be part of: its id, and its store's workdir when not this store's."""
+
+    run_id: str
+    workdir: str | None = None
+
+
+RunOf = Callable[[int], RunHolder | None]  # the run a live pid is proven part of, if any
 
 
 @dataclass(frozen=True)
@@ -50,6 +66,8 @@ class PlannedProcess:
     process: GpuProcess  # user and run_id None when the process is not proven to hold the GPU
     ident: ProcIdentity | None
     skip: str | None  # why it is left alone; None: it is to be stopped
+    holder: HolderKind
+    workdir: str | None = None  # the other store's, for holder "other_store"
 
 
 @dataclass(frozen=True)
@@ -66,6 +84,7 @@ def free_gpus(
     timeout: float = 15.0,
     grace: float = 5.0,
     before_signals: Callable[[FreePlan], None] | None = None,
+    run_of: RunOf | None = None,
 ) -> FreeGpusResult:
     """Free the GPUs `indices` (None: all). Blocks for up to `timeout` seconds.
 
@@ -76,9 +95,10 @@ def free_gpus(
     lists the processes the plan leaves in place.
 
     `before_signals(plan)` runs after planning and before the first signal (the
-    agent records the kill in the events of the runs it hits).
+    agent records the kill in the events of the runs it hits, in their stores).
+    `run_of` proves which run a process is part of (None: no process is a run's).
     """
-    plan = plan_free(sampler, indices)
+    plan = plan_free(sampler, indices, run_of)
     if dry_run:
         return _dry_run_report(plan)
     if before_signals is not None:
@@ -86,7 +106,7 @@ def free_gpus(
     return carry_out(plan, sampler, timeout, grace)
 
 
-def plan_free(sampler: GpuSampler, indices: list[int] | None) -> FreePlan:
+def plan_free(sampler: GpuSampler, indices: list[int] | None, run_of: RunOf | None = None) -> FreePlan:
     gpus = sampler.sample()
     if indices is not None:
         if not all(isinstance(i, int) and not isinstance(i, bool) for i in indices):
@@ -105,12 +125,29 @@ def plan_free(sampler: GpuSampler, indices: list[int] | None) -> FreePlan:
         for process in gpu["processes"]:
             ident = procinfo.identify(process["pid"])
             skip = GONE if ident is None else procinfo.refusal(ident)
-            if skip is None:
-                skip = gpunodes.not_held(process["pid"], node)
-                if skip is not None:
-                    process = _unknown_holder(process)
-            processes.append(PlannedProcess(gpu["index"], node, process, ident, skip))
+            if skip is None and (skip := gpunodes.not_held(process["pid"], node)) is not None:
+                process = _unknown_holder(process)
+                planned = PlannedProcess(gpu["index"], node, process, ident, skip, "unknown")
+            else:
+                planned = _whose(PlannedProcess(gpu["index"], node, process, ident, skip, "unknown"), run_of)
+            processes.append(planned)
     return FreePlan(sampler.source, chosen, processes)
+
+
+def _whose(planned: PlannedProcess, run_of: RunOf | None) -> PlannedProcess:
+    """`planned` with its holder: another user's, a run's (this store's or another's, as `run_of` proves it; the
+    sampler's guess of a run is replaced by the proof), or the user's own."""
+    pid = planned.process["pid"]
+    if planned.ident is None:
+        return planned
+    if procinfo.proc_uid(pid) != os.geteuid():
+        return replace(planned, holder="not_yours")
+    found = run_of(pid) if run_of is not None else None
+    process: GpuProcess = {**planned.process, "run_id": None if found is None else found.run_id}
+    if found is None:
+        return replace(planned, process=process, holder="own")
+    kind: HolderKind = "run" if found.workdir is None else "other_store"
+    return replace(planned, process=process, holder=kind, workdir=found.workdir)
 
 
 def carry_out(plan: FreePlan, sampler: GpuSampler, timeout: float = 15.0, grace: float = 5.0) -> FreeGpusResult:
@@ -145,13 +182,13 @@ def carry_out(plan: FreePlan, sampler: GpuSampler, timeout: float = 15.0, grace:
     for gpu in plan.before:
         planned = [p for p in plan.processes if p.gpu == gpu["index"]]
         actions = {p.process["pid"]: action(p) for p in planned}
-        # A planned process keeps the plan's user and run (none for one not proven to hold the GPU).
-        as_planned = {p.process["pid"]: p.process for p in planned}
+        # A planned process keeps the plan's user, run and holder (none for one not proven to hold the GPU).
+        as_planned = {p.process["pid"]: p for p in planned}
         now = after_by_index.get(gpu["index"])
-        held = [] if now is None else [_as_planned(p, as_planned) for p in now["processes"]]
-        still_held = [_held(p, actions.get(p["pid"], "skip: appeared while freeing")) for p in held]
+        held = [] if now is None else now["processes"]
+        still_held = [_still_held(p, as_planned, actions) for p in held]
         used_after = None if now is None else now["mem_used_mib"]
-        processes = [_held(p.process, actions[p.process["pid"]]) for p in planned]
+        processes = [_as_planned(p, actions[p.process["pid"]]) for p in planned]
         reports.append(_report(gpu, used_after, processes, still_held))
     return {"dry_run": False, "gpu_source": plan.gpu_source, "gpus": reports}
 
@@ -210,18 +247,28 @@ def _unknown_holder(process: GpuProcess) -> GpuProcess:
     return {"pid": process["pid"], "user": None, "mem_mib": process["mem_mib"], "run_id": None}
 
 
-def _as_planned(process: GpuProcess, planned: dict[int, GpuProcess]) -> GpuProcess:
+def _still_held(process: GpuProcess, planned: dict[int, PlannedProcess], actions: dict[int, str]) -> HeldProcess:
+    """A process listed after the signals: as planned with its memory now, or one that appeared meanwhile."""
     found = planned.get(process["pid"])
-    return process if found is None else {**found, "mem_mib": process["mem_mib"]}
+    if found is None:
+        return _held(process, "skip: appeared while freeing")
+    now: GpuProcess = {**found.process, "mem_mib": process["mem_mib"]}
+    return _held(now, actions[process["pid"]], found.holder, found.workdir)
 
 
-def _held(process: GpuProcess, action: str) -> HeldProcess:
+def _as_planned(planned: PlannedProcess, action: str) -> HeldProcess:
+    return _held(planned.process, action, planned.holder, planned.workdir)
+
+
+def _held(process: GpuProcess, action: str, holder: HolderKind = "unknown", workdir: str | None = None) -> HeldProcess:
     return {
         "pid": process["pid"],
         "user": process["user"],
         "mem_mib": process["mem_mib"],
         "run_id": process["run_id"],
         "action": action,
+        "holder": holder,
+        "workdir": workdir,
     }
 
 
@@ -243,6 +290,6 @@ def _dry_run_report(plan: FreePlan) -> FreeGpusResult:
     reports = []
     for gpu in plan.before:
         planned = [p for p in plan.processes if p.gpu == gpu["index"]]
-        processes = [_held(p.process, "kill" if p.skip is None else f"skip: {p.skip}") for p in planned]
+        processes = [_as_planned(p, "kill" if p.skip is None else f"skip: {p.skip}") for p in planned]
         reports.append(_report(gpu, None, processes, [h for h in processes if h["action"] != "kill"]))
     return {"dry_run": True, "gpu_source": plan.gpu_source, "gpus": reports}
