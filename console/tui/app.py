@@ -383,7 +383,7 @@ class ConsoleApp(App[None]):
         except TransportError:
             return
         reader = LineReader()  # this run's lines, however long, a progress bar's redraws, as they come
-        self.write_log(log, reader, chunk["data_b64"])
+        self.write_log(log, reader, base64.b64decode(chunk["data_b64"]))
         offsets = {"log": chunk["next_offset"], "metrics": metrics.offset, "events": 0}
         while True:
             await self.connected.wait()
@@ -395,7 +395,7 @@ class ConsoleApp(App[None]):
                 continue
             async for msg in sub:
                 if msg["stream"] == "log":
-                    self.write_log(log, reader, msg["data_b64"])
+                    self.write_log(log, reader, base64.b64decode(msg["data_b64"]))
                     self.output_seen = time.monotonic()
                 elif msg["stream"] == "events":
                     self.events += [row for row in msg["rows"] if isinstance(row, dict)]
@@ -408,15 +408,17 @@ class ConsoleApp(App[None]):
                     await self.feed(run_id)
                 elif msg["stream"] == "end":
                     ended = msg.get("error") or f"run {run_id} {msg['state']}"
+                    self.write_log(log, reader, b"", end=True)
                     log.add(f"— {ended} —")
                     return
             offsets = dict(sub.offsets)  # the link dropped: resume here once the poll has reconnected
             while self.client.generation == generation:
                 await asyncio.sleep(0.2)
 
-    def write_log(self, log: TailLog, reader: LineReader, data_b64: str) -> None:
-        """Write the complete lines; a progress bar being redrawn (\\r, no newline yet) shows below the log."""
-        for line in reader.feed(base64.b64decode(data_b64)):
+    def write_log(self, log: TailLog, reader: LineReader, data: bytes, end: bool = False) -> None:
+        """Write the complete lines (at the run's `end`, the last one too, had it no newline); a progress bar being
+        redrawn (\\r, no newline yet) shows below the log."""
+        for line in reader.feed(data) + (reader.end() if end else []):
             self.exceptions.feed(line)
             log.add(line or " ")
         self.facts.last_exception = self.exceptions.last
