@@ -15,7 +15,7 @@ import os
 import socket
 import sys
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
@@ -31,6 +31,7 @@ from backends.fileio import read_jsonl
 from backends.host import procinfo
 from backends.host.freegpus import FreePlan, free_gpus
 from backends.host.gpus import GpuSampler, infer_by_visible_devices
+from backends.masking import mask_argv
 from backends.protocol import (
     MAX_LINE_BYTES,
     MIN_INTERVAL_S,
@@ -59,7 +60,7 @@ from backends.protocol import (
     UnsubscribeResult,
 )
 from backends.runs import control as runctl
-from backends.runs import job, preflight
+from backends.runs import job, once, preflight
 from backends.runs.holders import RunHolders
 from backends.runs.store import (
     CHILD_ONLY_ENV,
@@ -317,10 +318,35 @@ class Agent:
         """One run whole: every field that `status` cuts to keep its reply bounded."""
         return self.store.get(run).info()
 
-    async def op_launch(self, **args: Any) -> dict[str, Any]:
-        spec = runctl.checked_spec(args, self.cwd)
-        checked = await asyncio.to_thread(runctl.gate, spec, args["force"])
-        return await asyncio.to_thread(runctl.launch, self.store, spec, checked)
+    async def op_launch(self, launch_id: str | None, **args: Any) -> dict[str, Any]:
+        async def start() -> dict[str, Any]:
+            spec = runctl.checked_spec(args, self.cwd)
+            spec.launch_id = launch_id
+            checked = await asyncio.to_thread(runctl.gate, spec, args["force"])
+            return await asyncio.to_thread(runctl.launch, self.store, spec, checked)
+
+        return await self._once(launch_id, start, lambda _run: {})
+
+    async def _once(
+        self,
+        launch_id: str | None,
+        start: Callable[[], Awaitable[dict[str, Any]]],
+        asked_again: Callable[[RunDir], dict[str, Any]],
+    ) -> dict[str, Any]:
+        """`start`, unless the launch named `launch_id` was asked for before: then the run it started, as
+        `asked_again` tells it (`backends.runs.once`)."""
+        if launch_id is None:
+            return await start()
+        earlier = await asyncio.to_thread(once.claim, self.store, launch_id)
+        if earlier is not None:
+            return {**asked_again(earlier), **once.again(earlier), "again": True}
+        try:
+            result = await start()
+        except BaseException:
+            await asyncio.to_thread(once.release, self.store, launch_id)
+            raise
+        await asyncio.to_thread(once.done, self.store, launch_id, result["run"])
+        return result
 
     async def op_rendezvous(self) -> RendezvousResult:
         """Where a job's other nodes meet this one (node 0): this host's address as the console reached it."""
@@ -363,8 +389,33 @@ class Agent:
         api: str,
         name: str | None,
         cwd: str | None,
+        launch_id: str | None,
     ) -> protocol.BenchLaunchResult:
         """A run that benches a serve run (or a URL): its result goes beside the serve run (or into its own folder)."""
+
+        async def start() -> dict[str, Any]:
+            asked = (target, prompts, requests, concurrency, max_tokens, api, name, cwd, launch_id)
+            return dict(await self._bench(*asked))
+
+        def served(run: RunDir) -> dict[str, Any]:
+            argv = run.trusted_spec().argv
+            path = argv[argv.index("--served-run") + 1] if "--served-run" in argv[:-1] else None
+            return {"served_run": Path(path).name if path else None}
+
+        return cast(protocol.BenchLaunchResult, await self._once(launch_id, start, served))
+
+    async def _bench(
+        self,
+        target: str,
+        prompts: str,
+        requests: int,
+        concurrency: int,
+        max_tokens: int,
+        api: str,
+        name: str | None,
+        cwd: str | None,
+        launch_id: str | None,
+    ) -> protocol.BenchLaunchResult:
         try:
             spec, served = bench.bench_spec(
                 self.store,
@@ -381,6 +432,7 @@ class Agent:
             raise runctl.OpError("bad_args", str(exc)) from None
         except BenchError as exc:
             raise runctl.OpError("bench_refused", str(exc)) from None
+        spec.launch_id = launch_id
         launched = await asyncio.to_thread(runctl.launch, self.store, spec)
         return cast(protocol.BenchLaunchResult, {**launched, "served_run": served})
 
@@ -412,9 +464,25 @@ class Agent:
         return await asyncio.to_thread(runctl.kill, self.store.get(run), signal, grace)
 
     async def op_relaunch(
-        self, run: str, set: list[str], unset: list[str], grace: float, force: bool, dry_run: bool
+        self,
+        run: str,
+        set: list[str],
+        unset: list[str],
+        grace: float,
+        force: bool,
+        dry_run: bool,
+        launch_id: str | None,
     ) -> Any:
-        return await asyncio.to_thread(runctl.relaunch, self.store, run, set, unset, grace, force, dry_run)
+        async def start() -> dict[str, Any]:
+            return await asyncio.to_thread(
+                runctl.relaunch, self.store, run, set, unset, grace, force, dry_run, launch_id
+            )
+
+        def copied(child: RunDir) -> dict[str, Any]:
+            spec = child.trusted_spec()
+            return {"parent": spec.parent, "argv": mask_argv(spec.argv), "stopped_parent": None}
+
+        return await (start() if dry_run else self._once(launch_id, start, copied))
 
     async def op_free_gpus(self, gpus: list[int] | None, dry_run: bool, timeout: float, grace: float) -> FreeGpusResult:
         self._owners = runctl.owner_lookup(self.store)

@@ -594,6 +594,8 @@ OPS: dict[str, _ArgSpec] = {
         "node_rank": (_OPT_INT, False, None),
         "nnodes": (_OPT_INT, False, None),
         "rendezvous": (_OPT_STR, False, None),
+        # The console's name for this launch, the same when it asks again after a lost link: one run, not two
+        "launch_id": (_OPT_STR, False, None),
     },
     "stacks": {"run": (_STR, True, None), "now": (_BOOL, False, False)},
     "kill": {
@@ -608,6 +610,7 @@ OPS: dict[str, _ArgSpec] = {
         "grace": (_NUM, False, 10.0),
         "force": (_BOOL, False, False),
         "dry_run": (_BOOL, False, False),
+        "launch_id": (_OPT_STR, False, None),
     },
     "free_gpus": {
         "gpus": (_OPT_LIST, False, None),
@@ -649,6 +652,7 @@ OPS: dict[str, _ArgSpec] = {
         "api": (_STR, False, "chat"),
         "name": (_OPT_STR, False, None),
         "cwd": (_OPT_STR, False, None),
+        "launch_id": (_OPT_STR, False, None),
     },
     "preflight": {
         "kind": (_STR, True, None),

@@ -20,7 +20,7 @@ from backends.protocol import MIN_INTERVAL_S, RUN_KINDS, SIGNAL_NAMES, parse_sou
 from console import config
 
 # The global options that take a value: the word after each is not HOST.
-VALUED_OPTIONS = ("--workdir", "--remote-python")
+VALUED_OPTIONS = ("--workdir", "--remote-python", "--timeout")
 
 
 class UsageError(Exception):
@@ -61,6 +61,13 @@ def seconds(text: str) -> float:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds")
     if value < 0:
         raise argparse.ArgumentTypeError("seconds cannot be negative")
+    return value
+
+
+def answer_time(text: str) -> float:
+    value = seconds(text)
+    if value == 0:
+        raise argparse.ArgumentTypeError("a host needs more than 0 seconds to answer")
     return value
 
 
@@ -493,6 +500,15 @@ def build_parser(commands: Iterable[Grammar], completing: bool = False) -> Parse
         "--remote-python",
         metavar="PATH",
         help="the host's Python (3.10 or newer) for the agent (default: python3 on the host's PATH)",
+    )
+    parser.add_argument(
+        "--timeout",
+        dest="timeout_s",
+        type=answer_time,
+        metavar="SECONDS",
+        help="how long a host has to answer each request before the command gives up on it, naming the host "
+        "(default: 30 for a look like status or kill, 300 for a launch or doctor, 900 for doctor --dry-load; a "
+        "kill's --grace comes on top)",
     )
     parser.add_argument(
         "--accept-new-host-key",

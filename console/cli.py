@@ -411,7 +411,8 @@ def command_transport(ns: argparse.Namespace) -> Transport:
 
 
 async def run_command(command: Command, ns: argparse.Namespace, tail: list[str]) -> int:
-    client = AgentClient(command_transport(ns))
+    client = AgentClient(command_transport(ns), ns.timeout_s)
+    client.say = note
     try:
         await client.start()
         return await command.run(client, ns, tail)
@@ -436,7 +437,8 @@ def open_console(ns: argparse.Namespace, hosts: list[str], settings: config.Conf
 
     if hosts == [ns.host]:
         config.apply_settings(ns, settings)
-        app = ConsoleApp(transport_of(ns), readonly=bool(ns.readonly), accept_new_host_key=ns.accept_new_host_key)
+        trust, limit = ns.accept_new_host_key, ns.timeout_s
+        app = ConsoleApp(transport_of(ns), readonly=bool(ns.readonly), accept_new_host_key=trust, timeout=limit)
     else:
         every = links(ns, hosts, settings, transport_of)
         readonly = any(link.ns.readonly for link in every)  # one read-only host makes the whole console so

@@ -12,6 +12,7 @@ import contextlib
 import itertools
 import json
 import time
+import uuid
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any, cast
 
@@ -21,6 +22,7 @@ from backends.protocol import (
     SubscribeResult,
     UnsubscribeResult,
 )
+from console import deadlines
 from console.errors import AgentError, TransportError
 from console.ops import AgentOps, reply_result
 from console.transport import Transport
@@ -30,6 +32,9 @@ RECONNECT_BACKOFF_S = (1.0, 2.0, 4.0, 8.0, 15.0, 30.0)  # seconds between tries 
 # (a reply too large to read, an agent that dies on the same request), is not a passing fault.
 SAME_LOSS_LIMIT = 3
 SETUP_OPS = ("hello", "subscribe", "unsubscribe")  # their replies are no progress: they come before any data
+# The requests that start a run: each carries a launch id, the same when asked again after a lost link, so
+# that the host returns the run it already started rather than a second (`backends.runs.once`).
+LAUNCH_OPS = ("launch", "relaunch", "bench")
 # An offset past any file's end: subscribe to a stream from now on, skipping what it already holds.
 PAST_END = 1 << 62
 
@@ -62,8 +67,9 @@ class Subscription:
 
 
 class AgentClient(AgentOps):
-    def __init__(self, transport: Transport) -> None:
+    def __init__(self, transport: Transport, timeout: float | None = None) -> None:
         self.transport = transport
+        self.timeout = timeout  # --timeout: every call's deadline; None: each call's own (`console.deadlines`)
         self._ids = itertools.count(1)
         self._pending: dict[int | str, asyncio.Future[Any]] = {}
         self._subs: dict[int, Subscription] = {}
@@ -72,8 +78,13 @@ class AgentClient(AgentOps):
         self.closed_reason: str | None = None
         self._received = False  # a stream message, or a reply with data, since the last connect
         self._last_loss: str | None = None
+        self._no_answer = False  # the link was given up for a call not answered in time
         self._same_losses = 0
         self.generation = 0  # links made so far: a follower subscribes again on the next one
+        self._opened = False  # the last start reached the agent (its transport opened)
+        self._hello: HelloResult | None = None
+        self._reconnecting = asyncio.Lock()  # one reconnect at a time, whoever asks for it
+        self.say: Callable[[str], None] = lambda _text: None  # told when a launch is asked again
 
     async def __aenter__(self) -> AgentClient:
         await self.start()
@@ -83,7 +94,9 @@ class AgentClient(AgentOps):
         await self.close()
 
     async def start(self) -> HelloResult:
+        self._opened = False
         await self.transport.open()
+        self._opened = True
         self._reader = asyncio.create_task(self._read_loop())
         hello = await self.hello()
         if hello.get("version") != protocol.PROTOCOL_VERSION:
@@ -93,6 +106,7 @@ class AgentClient(AgentOps):
                 transient=False,
             )
         self.generation += 1
+        self._hello = hello
         return hello
 
     async def close(self) -> None:
@@ -109,6 +123,7 @@ class AgentClient(AgentOps):
         self._subs.clear()
         self._early.clear()
         self.closed_reason = None
+        self._no_answer = False
         return await self.start()
 
     async def reconnect_until_back(self, on_failure: Callable[[TransportError], None]) -> HelloResult:
@@ -117,9 +132,23 @@ class AgentClient(AgentOps):
 
         A link lost the same way as the one before, with no data received in between (a stream message,
         a reply to anything but hello or subscribe), fails deterministically: each repeat waits longer
-        before reconnecting, and the SAME_LOSS_LIMIT-th is raised, not transient, with its reason."""
+        before reconnecting, and the SAME_LOSS_LIMIT-th is raised, not transient, with its reason. So is an agent
+        reached that goes before it greets at SAME_LOSS_LIMIT reconnects in a row (one that dies as it starts:
+        its last words vary with how fast they came); a host out of reach, or one that does not answer in time,
+        is tried for as long as it takes.
+
+        Callers at once (the status poll, a launch asked again) share one reconnect: the second takes the link
+        the first made."""
+        generation = self.generation
+        async with self._reconnecting:
+            if self.generation != generation and self.closed_reason is None and self._hello is not None:
+                return self._hello
+            return await self._reconnect_until_back(on_failure)
+
+    async def _reconnect_until_back(self, on_failure: Callable[[TransportError], None]) -> HelloResult:
         await self._pace_repeated_loss()
         attempt = 0
+        died_at_start = 0
         while True:
             try:
                 hello = await self.reconnect()
@@ -128,13 +157,21 @@ class AgentClient(AgentOps):
             except TransportError as exc:
                 if not exc.transient:
                     raise
+                died_at_start = died_at_start + 1 if self._opened and not isinstance(exc, deadlines.NoAnswer) else 0
+                if died_at_start >= SAME_LOSS_LIMIT:
+                    raise TransportError(
+                        f"{exc}; the agent went before it greeted at each of {died_at_start} reconnects, "
+                        "so reconnecting again cannot help",
+                        transient=False,
+                    ) from None
                 on_failure(exc)
             await asyncio.sleep(RECONNECT_BACKOFF_S[min(attempt, len(RECONNECT_BACKOFF_S) - 1)])
             attempt += 1
 
     async def _pace_repeated_loss(self) -> None:
         why = self.closed_reason
-        repeated = why is not None and why == self._last_loss and not self._received
+        # A deadline missed is no deterministic failure: the host may answer again, however often it did not.
+        repeated = why is not None and why == self._last_loss and not self._received and not self._no_answer
         self._same_losses = self._same_losses + 1 if repeated else 0
         self._last_loss = why
         if self._same_losses >= SAME_LOSS_LIMIT:
@@ -147,18 +184,53 @@ class AgentClient(AgentOps):
             await asyncio.sleep(RECONNECT_BACKOFF_S[self._same_losses - 1])
 
     async def request(self, op: str, **args: Any) -> Any:
+        if op in LAUNCH_OPS and not args.get("dry_run") and args.get("launch_id") is None:
+            return await self._launch_once(op, args)
         if self.closed_reason is not None:
             raise TransportError(self.closed_reason)  # nobody is left to answer
         request_id = next(self._ids)
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._pending[request_id] = future
+        seconds = deadlines.seconds_for(op, args, self.timeout)
         try:
             await self.transport.send(protocol.request_line(request_id, op, args))
-            result = await future
+            result = await asyncio.wait_for(future, seconds)
             self._received |= op not in SETUP_OPS
             return result
+        except asyncio.TimeoutError:
+            raise self._give_up(deadlines.no_answer(self.transport.description, op, seconds)) from None
         finally:
             self._pending.pop(request_id, None)
+
+    async def _launch_once(self, op: str, args: dict[str, Any]) -> Any:
+        """A request that starts a run, under a launch id of its own; when the link is lost before the reply
+        (the run may have started), asked again with the same id once the link is back."""
+        args = {**args, "launch_id": uuid.uuid4().hex}
+        while True:
+            try:
+                return await self.request(op, **args)
+            except TransportError as exc:
+                if not exc.transient:
+                    raise
+                self.say(
+                    f"{self.transport.description}: the link was lost before {op} answered ({exc}); asking again "
+                    "once it is back, under the same launch id: a run it started is returned, never started twice"
+                )
+                await self.reconnect_until_back(lambda _exc: None)
+
+    def _give_up(self, error: deadlines.NoAnswer) -> deadlines.NoAnswer:
+        """The link given up, as when it drops: every call waiting on it fails and every stream ends, so that
+        each caller reconnects (a new agent) rather than wait on one that does not answer."""
+        if self._reader is not None:
+            self._reader.cancel()
+        if self.closed_reason is None:
+            self.closed_reason, self._no_answer = str(error), True
+        for future in self._pending.values():
+            if not future.done():
+                future.set_exception(error)
+        for sub in self._subs.values():
+            sub.queue.put_nowait(None)
+        return error
 
     async def subscribe(
         self, *, run: str | None = None, offsets: Mapping[str, int] | None = None, gpu_interval: float | None = None

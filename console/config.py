@@ -10,6 +10,7 @@ applies), and the hosts of `~/.ssh/config`.
     workdir = "/scratch/alice/eagle3"
     readonly = true
     stall_after = 30
+    timeout = 60                    # seconds the host has to answer each request (--timeout)
     description = "8x H200, training"
 
     [groups]                        # `eagle3-console lab status`: every host of the group
@@ -46,7 +47,9 @@ SETTINGS: dict[str, tuple[type, str]] = {
     "workdir": (str, "a path"),
     "readonly": (bool, "true or false"),
     "stall_after": (float, "a number of seconds above 0"),
+    "timeout": (float, "a number of seconds above 0"),
 }
+OPTION_OF = {"timeout": "timeout_s"}  # a setting whose option is named otherwise (free-gpus has a --timeout too)
 HOST_ONLY: dict[str, tuple[type, str]] = {"address": (str, "[user@]host[:port]"), "description": (str, "text")}
 # Far above any real settings file, far below what takes seconds to parse before every command.
 MAX_SETTINGS_BYTES = 1024 * 1024
@@ -266,5 +269,5 @@ def apply_settings(ns: argparse.Namespace, settings: Config) -> None:
     else:
         ns.host = address
     for key, value in chosen.items():
-        if getattr(ns, key, False) is None:
-            setattr(ns, key, Path(value) if key == "workdir" else value)
+        if getattr(ns, OPTION_OF.get(key, key), False) is None:
+            setattr(ns, OPTION_OF.get(key, key), Path(value) if key == "workdir" else value)

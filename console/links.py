@@ -12,6 +12,7 @@ from typing import Any
 
 from console import config
 from console.client import AgentClient
+from console.deadlines import NoAnswer
 from console.errors import AgentError, TransportError
 from console.output import note
 from console.transport import Transport
@@ -28,6 +29,7 @@ class Link:
     client: AgentClient
     error: str | None = None
     error_at: float | None = None  # when it was found unreachable (time.time())
+    silent: bool = False  # reached, but it did not answer in time (the error says which call)
 
     def say(self, text: str) -> None:
         note(f"{self.name}: {text}")
@@ -39,7 +41,9 @@ def links(ns: argparse.Namespace, hosts: list[str], settings: config.Config, tra
         own = argparse.Namespace(**vars(ns))
         own.host = name
         config.apply_settings(own, settings)
-        made.append(Link(name, own, AgentClient(transport(own))))
+        link = Link(name, own, AgentClient(transport(own), own.timeout_s))
+        link.client.say = link.say
+        made.append(link)
     return made
 
 
@@ -49,7 +53,7 @@ async def answer(link: Link, ask: Callable[[AgentClient], Awaitable[Any]]) -> An
         await link.client.start()
         return await ask(link.client)
     except (TransportError, AgentError) as exc:
-        link.error, link.error_at = str(exc), time.time()
+        link.error, link.error_at, link.silent = str(exc), time.time(), isinstance(exc, NoAnswer)
         return None
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import time
 from typing import Any
 
 from console import config, job_actions, jobs, render
@@ -42,9 +43,9 @@ async def run(ns: argparse.Namespace, hosts: list[str], settings: config.Config,
     """The command on every host; its exit code (EXIT_FAILED when any host could not answer)."""
     every = links(ns, hosts, settings, transport)
     try:
-        if ns.command == "watch":
+        if ns.command == "watch":  # it ends only when every host's watch has stopped for good
             await asyncio.gather(*(watch(link, ns) for link in every))
-            return EXIT_OK
+            return EXIT_FAILED if any(link.error for link in every) else EXIT_OK
 
         if ns.command == "kill":
             return await job_actions.kill_job(ns, every)
@@ -75,7 +76,7 @@ def report(ns: argparse.Namespace, every: list[Link], answers: list[Any]) -> Non
     sections = [f"== jobs\n{jobs.jobs_text(found, down)}"] if found else []
     for link, result in zip(every, answers, strict=True):
         if result is None:
-            sections.append(f"== {link.name}: cannot be reached: {link.error}")
+            sections.append(f"== {link.name}: {'' if link.silent else 'cannot be reached: '}{link.error}")
         elif ns.command == "status":
             sections.append(f"== {link.name}\n{render.status_text(result)}")
         else:
@@ -85,11 +86,19 @@ def report(ns: argparse.Namespace, every: list[Link], answers: list[Any]) -> Non
 
 async def watch(link: Link, ns: argparse.Namespace) -> None:
     """The host's changes of state, each line labelled with the host, until Ctrl-C; a host down (at the start
-    too) is said and reconnected with backoff while the others go on."""
+    too) or not answering is said and reconnected with backoff while the others go on. A failure retrying
+    cannot help (a refused host key; a link lost the same way right after each of three reconnects, as one
+    host's watch alone would stop) is said, and ends this host's watch only."""
     try:
-        await link.client.start()
+        try:
+            await link.client.start()
+        except TransportError as exc:
+            if not exc.transient:
+                raise
+            link.say(f"cannot be reached ({exc}); trying again while the other hosts go on")
+            await link.client.reconnect_until_back(lambda _exc: None)
+            link.say("reached")
+        await watch_runs(link.client, ns, link.say, link.name)
     except TransportError as exc:
-        link.say(f"cannot be reached ({exc}); trying again while the other hosts go on")
-        await link.client.reconnect_until_back(lambda _exc: None)
-        link.say("reached")
-    await watch_runs(link.client, ns, link.say, link.name)
+        link.error, link.error_at = str(exc), time.time()
+        link.say(f"{exc}; no longer watched (the other hosts go on)")

@@ -83,10 +83,12 @@ class AgentOps(abc.ABC):
         rendezvous: str | None = None,
         metrics_url: str | None = None,
         sglang_python: str | None = None,
+        launch_id: str | None = None,
     ) -> LaunchResult:
         """A new run; with job, node_rank and nnodes, one node of a multi-node job (its torchrun meeting the
         others at `rendezvous` when it runs one of our stages). A serve run's `sglang_python` is the host Python
-        whose SGLang checks it when its command does not show one; `metrics_url` its metrics endpoint."""
+        whose SGLang checks it when its command does not show one; `metrics_url` its metrics endpoint.
+        `launch_id` names the launch, the same when it is asked again (None: the client names it)."""
         # Sent only when given: an agent of an older release refuses arguments it does not know.
         given = {k: v for k, v in (("metrics_url", metrics_url), ("sglang_python", sglang_python)) if v is not None}
         result = await self.request(
@@ -109,6 +111,7 @@ class AgentOps(abc.ABC):
             node_rank=node_rank,
             nnodes=nnodes,
             rendezvous=rendezvous,
+            launch_id=launch_id,
         )
         return cast(LaunchResult, result)
 
@@ -132,6 +135,7 @@ class AgentOps(abc.ABC):
         grace: float = ...,
         force: bool = ...,
         dry_run: Literal[False] = ...,
+        launch_id: str | None = ...,
     ) -> RelaunchResult: ...
 
     @overload
@@ -144,6 +148,7 @@ class AgentOps(abc.ABC):
         grace: float = ...,
         force: bool = ...,
         dry_run: Literal[True],
+        launch_id: str | None = ...,
     ) -> RelaunchPreview: ...
 
     async def relaunch(
@@ -155,11 +160,19 @@ class AgentOps(abc.ABC):
         grace: float = 10.0,
         force: bool = False,
         dry_run: bool = False,
+        launch_id: str | None = None,
     ) -> RelaunchResult | RelaunchPreview:
         """A copy of the run with flags set and removed (its parent stopped first); with `dry_run`, what that
         would do, doing nothing."""
         result = await self.request(
-            "relaunch", run=run, set=list(set), unset=list(unset), grace=grace, force=force, dry_run=dry_run
+            "relaunch",
+            run=run,
+            set=list(set),
+            unset=list(unset),
+            grace=grace,
+            force=force,
+            dry_run=dry_run,
+            launch_id=launch_id,
         )
         return cast("RelaunchResult | RelaunchPreview", result)
 
@@ -222,6 +235,7 @@ class AgentOps(abc.ABC):
         api: str = "chat",
         name: str | None = None,
         cwd: str | None = None,
+        launch_id: str | None = None,
     ) -> BenchLaunchResult:
         """A run that benches `target` (a serve run, or a URL) from the host; its result is kept with the serve run."""
         result = await self.request(
@@ -234,6 +248,7 @@ class AgentOps(abc.ABC):
             api=api,
             name=name,
             cwd=cwd,
+            launch_id=launch_id,
         )
         return cast(BenchLaunchResult, result)
 

@@ -15,16 +15,17 @@ import json
 import os
 import socket
 import sys
+import time
 from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any, TypeVar
 
 from backends.protocol import MAX_LINE_BYTES, PROTOCOL_VERSION, request_line
-from console import args, config, reuse
+from console import args, config, deadlines, reuse
 from console.errors import AgentError, TransportError
 from console.one_shot import cmd_kill, cmd_stacks, cmd_status
 from console.ops import AgentOps, reply_result
-from console.output import EXIT_OK, failed
+from console.output import EXIT_FAILED, EXIT_OK, failed, note
 
 T = TypeVar("T")
 ONE_SHOT: dict[str, Callable[[AgentOps, argparse.Namespace, list[str]], Coroutine[Any, Any, int]]] = {
@@ -37,8 +38,9 @@ ONE_SHOT: dict[str, Callable[[AgentOps, argparse.Namespace, list[str]], Coroutin
 class BlockingClient(AgentOps):
     """The agent behind a multiplexer's socket, one request at a time, each awaited by blocking on the socket."""
 
-    def __init__(self, spec: str) -> None:
+    def __init__(self, spec: str, timeout: float | None = None) -> None:
         self.spec = spec
+        self.timeout = timeout  # --timeout: every call's deadline; None: each call's own (`console.deadlines`)
         self._ids = itertools.count(1)
         self._sock: socket.socket | None = None
         self._lines: Any = None  # the socket's reading side, as a binary file
@@ -70,13 +72,21 @@ class BlockingClient(AgentOps):
         assert self._sock is not None
         request_id = next(self._ids)
         lost = f"{self.spec}: the shared connection was lost"
+        seconds = deadlines.seconds_for(op, arguments, self.timeout)
+        deadline = time.monotonic() + seconds
         try:
+            self._sock.settimeout(seconds)
             self._sock.sendall(request_line(request_id, op, arguments))
+        except TimeoutError:
+            raise deadlines.no_answer(self.spec, op, seconds) from None
         except OSError:
             raise TransportError(lost + self._why()) from None
         while True:
             try:
+                self._sock.settimeout(max(deadline - time.monotonic(), 0.001))
                 line = self._lines.readline(MAX_LINE_BYTES + 1)
+            except TimeoutError:
+                raise deadlines.no_answer(self.spec, op, seconds) from None
             except OSError:
                 line = b""
             if not line:
@@ -137,7 +147,7 @@ def answer(words: list[str]) -> int | None:
         path = reuse.socket_path(target)
     except reuse.ReuseUnavailable:
         return None  # the CLI's way finds the same, and says so in its log
-    client = BlockingClient(target.spec)
+    client = BlockingClient(target.spec, ns.timeout_s)
     try:
         client.connect(path)
         if drive(client.hello()).get("version") != PROTOCOL_VERSION:
@@ -146,6 +156,10 @@ def answer(words: list[str]) -> int | None:
     except reuse.ReuseUnavailable as exc:
         reuse.passed_over[path] = exc  # the CLI's way takes it from here, without trying the socket again
         return None
+    except deadlines.NoAnswer as exc:  # as a hung ControlMaster's: said, not waited on twice
+        client.close()
+        note(f"{exc} (through the shared connection: --no-reuse connects afresh)")
+        return EXIT_FAILED
     except (AgentError, TransportError):
         client.close()
         return None

@@ -250,6 +250,7 @@ def test_defaults_are_filled() -> None:
         "node_rank": None,
         "nnodes": None,
         "rendezvous": None,
+        "launch_id": None,
     }
 
 

@@ -265,8 +265,10 @@ def relaunch(
     grace: float,
     force: bool = False,
     dry_run: bool = False,
+    launch_id: str | None = None,
 ) -> dict[str, Any]:
-    """Launch a copy of a run with flags set or removed, linked to it as parent.
+    """Launch a copy of a run with flags set or removed, linked to it as parent (`launch_id` its own, never
+    its parent's).
 
     The copy passes the pre-launch gate before anything else happens; then a
     parent that is still alive is stopped: both would want the same GPUs and port.
@@ -284,7 +286,7 @@ def relaunch(
         argv = argv if argv is not None else edit_argv(spec.argv, sets, unsets)
     except ArgvEditError as exc:
         raise OpError("bad_args", str(exc)) from None
-    child_spec = dataclasses.replace(spec, argv=argv, parent=parent.id, created_at=time.time())
+    child_spec = dataclasses.replace(spec, argv=argv, parent=parent.id, created_at=time.time(), launch_id=launch_id)
     checked = gate(child_spec, force)
     if dry_run:
         return {

@@ -143,6 +143,7 @@ class RunSpec:
     # container), and the server's metrics endpoint when it is not beside the health URL.
     sglang_python: str | None = None
     metrics_url: str | None = None
+    launch_id: str | None = None  # the console's name for the launch that made it (`backends.runs.once`)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

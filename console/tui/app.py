@@ -83,11 +83,16 @@ class ConsoleApp(App[None]):
     ]
 
     def __init__(
-        self, transport: Transport | HostsClient, readonly: bool = False, accept_new_host_key: bool = False
+        self,
+        transport: Transport | HostsClient,
+        readonly: bool = False,
+        accept_new_host_key: bool = False,
+        timeout: float | None = None,
     ) -> None:
-        """`transport`: one host's; or the client of several hosts (runs named HOST/RUN, a HOST column)."""
+        """`transport`: one host's; or the client of several hosts (runs named HOST/RUN, a HOST column).
+        `timeout`: every request's deadline (--timeout; None: each request's own)."""
         super().__init__()
-        self.client = transport if isinstance(transport, HostsClient) else AgentClient(transport)
+        self.client = transport if isinstance(transport, HostsClient) else AgentClient(transport, timeout)
         self.readonly = readonly
         self.accept_new_host_key = accept_new_host_key
         self.where = transport.description + ("  (read-only)" if readonly else "")
