@@ -10,6 +10,7 @@ mounting is not allowed that test is skipped, saying why).
 from __future__ import annotations
 
 import os
+import pwd
 import shutil
 import subprocess
 import sys
@@ -18,6 +19,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from backends.shipped import PARTIAL
 from console.agent_copy import CACHE, backends_version, launch_command, sources
@@ -28,6 +31,7 @@ from tests.sshd import ALIAS, Sshd
 from tests.test_ssh import console
 
 HOST_PYTHON = "/usr/bin/python3"
+ME = f"user {pwd.getpwuid(os.geteuid()).pw_name}"  # as the launcher names whoever runs it
 # Compiles PAYLOAD into the .pyc the import system would take for SOURCE: same magic number (the host's
 # Python), and the source's mtime and size in its header. A placeholder file in the way goes first.
 PLANT = """
@@ -94,26 +98,25 @@ def test_root_never_runs_code_from_folders_another_user_controls(
     assert not marker.exists()
 
 
-@pytest.mark.parametrize(("mode", "refused"), [(0o775, True), (0o757, True), (0o1777, False), (0o755, False)])
-def test_a_folder_above_the_workdir_others_can_write_is_refused_unless_sticky(
-    tmp_path: Path, mode: int, refused: bool
-) -> None:
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(mode=st.one_of(st.sampled_from([0o775, 0o757, 0o1777, 0o755]), st.integers(0, 0o1777)))
+def test_a_folder_above_the_workdir_others_can_write_is_refused_unless_sticky(tmp_path: Path, mode: int) -> None:
     """The launcher as the host runs it (a shell, its HOME), no sshd needed: as sshd's StrictModes, but a sticky
     folder (as /tmp is) lets no one else rename or remove what is ours in it."""
-    above = tmp_path / "above"
+    above = tmp_path / uuid.uuid4().hex
     above.mkdir()
     above.chmod(mode)
-    workdir = above / "work"
     done = subprocess.run(
-        ["sh", "-c", launch_command(sys.executable, str(workdir), backends_version())],
+        ["sh", "-c", launch_command(sys.executable, str(above / "work"), backends_version())],
         input=b"",  # no GO: the launcher lists and leaves
         capture_output=True,
         env={"HOME": str(tmp_path), "PATH": "/usr/bin:/bin"},
         timeout=60,
     )
-    if refused:
+    if mode & 0o022 and not mode & 0o1000:
         assert done.returncode == 1
-        assert f'"refused": "{above} is writable by others (user root, mode {mode:o})' in done.stdout.decode()
+        said = f'"refused": "{above} is writable by others ({ME}, mode {mode:o})'
+        assert said in done.stdout.decode() and f"chmod go-w {above}" in done.stdout.decode()
     else:
         assert done.returncode == 0 and b'"found": "missing"' in done.stdout, done.stderr
 
