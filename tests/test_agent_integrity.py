@@ -76,23 +76,27 @@ def chown_tree(path: Path, user: str) -> None:
     subprocess.run(["chown", "-R", f"{user}:", str(path)], check=True)
 
 
-@pytest.mark.parametrize("theirs", ["above", "workdir"])
+@pytest.mark.parametrize("theirs", ["above", "workdir", "inside"])
 def test_root_never_runs_code_from_folders_another_user_controls(
     sshd: Sshd, tmp_path: Path, other_user: str, theirs: str
 ) -> None:
     """The attack: --workdir in a folder of another user's, who laid out the version folder there with a .pyc
-    matching backends/__init__.py. Before, root imported it (the marker appeared) before any owner check."""
+    matching backends/__init__.py. Before, root imported it (the marker appeared) before any owner check.
+    `inside`: root's own copy, with their __pycache__ in it (a folder once open to them)."""
     assert os.geteuid() == 0, "this attack is root's: the suite runs as root in CI"
     theirs_folder = tmp_path / "shared"
     workdir = theirs_folder / "work"
     top = workdir / "agent" / backends_version()
-    copy_of_the_agent(top)
+    if theirs == "inside":
+        assert console(sshd, ALIAS, workdir, "status").returncode == 0
+    else:
+        copy_of_the_agent(top)
     marker = tmp_path / "their-code-ran-as-root"
     plant_pyc(top / "backends" / "__init__.py", marker)
-    chown_tree(theirs_folder if theirs == "above" else workdir, other_user)
+    named = {"above": theirs_folder, "workdir": workdir, "inside": top / "backends" / CACHE}[theirs]
+    chown_tree(named, other_user)
     done = console(sshd, ALIAS, workdir, "status")
     assert done.returncode == 1 and done.stderr.count("\n") == 1 and "Traceback" not in done.stderr
-    named = theirs_folder if theirs == "above" else workdir
     assert f"refused to start the agent: {named} belongs to user {other_user}" in done.stderr
     assert "--workdir" in done.stderr  # what to do
     assert not marker.exists()
