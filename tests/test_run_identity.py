@@ -10,7 +10,9 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shlex
 import signal
+import subprocess
 import sys
 from pathlib import Path
 
@@ -23,6 +25,7 @@ from console import transport
 from console.client import AgentClient
 from console.transport import LocalTransport
 from tests.conftest import CLI, wait_for
+from tests.sshd import ALIAS, Sshd
 
 
 def environ(pid: int) -> dict[str, str]:
@@ -151,6 +154,30 @@ def test_a_console_started_inside_a_run_starts_supervisors_without_its_marker(
     for name, value in outer_run_env(tmp_path).items():
         monkeypatch.setenv(name, value)
     run = RunStore(workdir).get(launched(cli, *python("import time; time.sleep(30)")))
+    supervisor, child = run.supervisor(), wait_for(run.child, 10, "the child recorded")
+    assert supervisor is not None
+    assert markers(supervisor.pid) == {}
+    assert markers(child.pid)[ENV_RUN_ID] == run.id
+
+
+def test_an_agent_over_ssh_whose_login_hands_it_a_runs_marker_sheds_it(
+    sshd: Sshd, workdir: Path, tmp_path: Path
+) -> None:
+    """The host's login gives the agent the marker (a shell profile, or sshd's SetEnv, of a session inside a run):
+    the agent, started as the console starts it over SSH, runs again without it before its first supervisor."""
+    handed = tmp_path / "handed"
+    python_in_a_run = tmp_path / "python-in-a-run"
+    exports = " ".join(f"{name}={shlex.quote(value)}" for name, value in outer_run_env(tmp_path).items())
+    python_in_a_run.write_text(f'#!/bin/sh\necho "$@" >> {handed}\nexport {exports}\nexec {sys.executable} "$@"\n')
+    python_in_a_run.chmod(0o755)
+    done = subprocess.run(
+        [sys.executable, "-m", "console", "--no-reuse", "--workdir", str(workdir), "--remote-python",
+         str(python_in_a_run), ALIAS, "launch", "command", "--", sys.executable, "-c", "import time; time.sleep(30)"],
+        env=sshd.env(), capture_output=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr.decode()
+    assert "backends.agent" in handed.read_text()  # the agent itself was started with the marker
+    run = RunStore(workdir).get(done.stdout.decode().strip())
     supervisor, child = run.supervisor(), wait_for(run.child, 10, "the child recorded")
     assert supervisor is not None
     assert markers(supervisor.pid) == {}
