@@ -203,9 +203,14 @@ while len(list(ready.iterdir())) < 2:
 """
 
 
+@pytest.mark.parametrize("host", ["local", ALIAS])
 def test_kill_ends_schedulers_that_renamed_themselves_after_their_launcher_exited(
-    cli: CLI, workdir: Path, tmp_path: Path
+    host: str, sshd: Sshd, workdir: Path, tmp_path: Path
 ) -> None:
+    def cli(*args: str) -> subprocess.CompletedProcess[bytes]:
+        command = [sys.executable, "-m", "console", "--no-reuse", "--workdir", str(workdir), host, *args]
+        return subprocess.run(command, env=sshd.env(), capture_output=True, timeout=120, check=False)
+
     ready = tmp_path / "ready"
     ready.mkdir()
     run = RunStore(workdir).get(launched(cli, *python(SCHEDULERS, str(ready))))
