@@ -204,8 +204,8 @@ class Supervisor:
         return 0
 
     def wait(self, child: subprocess.Popen[bytes]) -> int:
-        """The child's exit code (minus the signal that ended it), trying again meanwhile whatever record the
-        disk refused. The child is left a zombie: see `release`."""
+        """The child's exit code (-N when signal N ended it), trying again meanwhile whatever record the disk
+        refused. The child is left a zombie: see `release`."""
         while True:
             flags = os.WEXITED | os.WNOWAIT | (os.WNOHANG if self.pending else 0)
             ended = os.waitid(os.P_PID, child.pid, flags)
