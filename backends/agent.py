@@ -33,6 +33,7 @@ from backends.host.freegpus import FreePlan, free_gpus
 from backends.host.gpus import GpuSampler, infer_by_visible_devices
 from backends.masking import mask_argv
 from backends.protocol import (
+    FRAME_BYTES,
     MAX_LINE_BYTES,
     MIN_INTERVAL_S,
     PROTOCOL_VERSION,
@@ -81,10 +82,6 @@ POLL_MIN_S = 0.02
 POLL_MAX_S = 0.2
 # A quiet run's state (process liveness) is re-derived at most this often.
 STATE_CHECK_S = 1.0
-CHUNK_BYTES = 1024 * 1024
-# The most file bytes one reply to `logs` or `metrics` carries (the client asks again from next_offset):
-# well inside MAX_LINE_BYTES after base64 or JSON's escapes.
-REPLY_FILE_BYTES = 4 * 1024 * 1024
 
 
 def read_bytes(path: str | Path, offset: int, max_bytes: int) -> bytes:
@@ -97,8 +94,8 @@ def read_bytes(path: str | Path, offset: int, max_bytes: int) -> bytes:
 
 
 def rows_chunk(path: Path, offset: int) -> RowsChunk:
-    """A JSON-lines file's object rows from `offset`, at most REPLY_FILE_BYTES of them."""
-    rows, skipped, next_offset = read_jsonl(path, offset, REPLY_FILE_BYTES)
+    """A JSON-lines file's object rows from `offset`, at most FRAME_BYTES of them."""
+    rows, skipped, next_offset = read_jsonl(path, offset, FRAME_BYTES)
     objects = [r for r in rows if isinstance(r, dict)]
     return {"rows": objects, "skipped": skipped + len(rows) - len(objects), "next_offset": next_offset}
 
@@ -169,15 +166,16 @@ class Agent:
         self._next_look_at = 0.0
 
     # ----- plumbing -----
-    async def send(self, msg: dict[str, Any]) -> None:
+    async def send(self, msg: dict[str, Any], op: str = "") -> None:
+        """One message; one that no reader would take (over MAX_LINE_BYTES) is never sent: in its place the
+        request (`op`) fails, or the subscription ends, saying why, and the link keeps serving."""
         line = protocol.encode(msg)
-        if len(line) > MAX_LINE_BYTES and "id" in msg:
-            # The client could not read it and would lose the connection: refuse this one request instead.
-            message = (
-                f"the reply would be {len(line)} bytes, more than one message may carry ({MAX_LINE_BYTES}); "
-                "ask for less of it"
-            )
-            line = protocol.encode(protocol.error_reply(msg["id"], "too_large", message))
+        if len(line) > MAX_LINE_BYTES and "sub" in msg:
+            if (sub := self.subs.get(msg["sub"])) is not None:
+                sub.ended = True
+            line = protocol.encode(protocol.too_large_end(msg["sub"], msg["stream"], len(line)))
+        elif len(line) > MAX_LINE_BYTES:
+            line = protocol.encode(protocol.too_large_reply(msg.get("id"), op, len(line)))
         self.writer.write(line)
         await self.writer.drain()
 
@@ -244,7 +242,7 @@ class Agent:
             request = protocol.parse_request(line)
             request_id = request.id
             result = await self.dispatch(request)
-            await self.send(protocol.ok_reply(request.id, result))
+            await self.send(protocol.ok_reply(request.id, result), request.op)
         except ProtocolError as exc:
             reply_id = exc.request_id if exc.request_id is not None else request_id
             await self.send(protocol.error_reply(reply_id, exc.code, exc.message))
@@ -519,7 +517,7 @@ class Agent:
                 offset = tail_offset(path, tail) if tail is not None else 0
         except FileNotFoundError:
             raise runctl.OpError("no_output", f"run {rundir.id} has no {OUTPUT} (removed?)") from None
-        data = read_bytes(path, offset, min(max_bytes, REPLY_FILE_BYTES))
+        data = read_bytes(path, offset, min(max_bytes, FRAME_BYTES))
         return {
             "offset": offset,
             "next_offset": offset + len(data),
@@ -637,7 +635,7 @@ class Agent:
             return False
         assert sub.run is not None
         if stream == "log":
-            data = read_bytes(path, offset, CHUNK_BYTES)
+            data = read_bytes(path, offset, FRAME_BYTES)
             sub.offsets[stream] = offset + len(data)
             body = {
                 "run": sub.run.id,
@@ -646,7 +644,7 @@ class Agent:
                 "data_b64": base64.b64encode(data).decode(),
             }
         else:
-            rows, skipped, next_offset = read_jsonl(path, offset, CHUNK_BYTES)
+            rows, skipped, next_offset = read_jsonl(path, offset, FRAME_BYTES)
             if next_offset == offset:
                 return False  # only a half-written line so far
             sub.offsets[stream] = next_offset

@@ -8,7 +8,8 @@ Subscriptions push stream messages: {"v": 1, "sub": N, "stream": ..., ...}; the 
 otherwise than with the run (its folder removed, a file of its record corrupt, a file that cannot be read).
 Log bytes travel base64-encoded (they may be invalid UTF-8); metric and event
 rows travel parsed. Offsets are byte offsets into the run's files, so a client
-that reconnects resumes exactly where it stopped.
+that reconnects resumes exactly where it stopped. No message carries more than
+FRAME_BYTES of a run's files: a line of any length comes in several.
 """
 
 from __future__ import annotations
@@ -17,11 +18,19 @@ import copy
 import json
 import math
 import os
+import re
 from dataclasses import dataclass
 from typing import Any, Literal, TypedDict
 
 PROTOCOL_VERSION = 1
+# What every reader of messages takes (the console's, the multiplexer's, the agent's): a line past it is
+# dropped whole, and stands for an error (`too_large_reply`, `too_large_end`), never for a lost link.
 MAX_LINE_BYTES = 16 * 1024 * 1024
+# The most bytes of a run's files one message carries: a reply to `logs`, `metrics` or `events`, a stream
+# message. A line of any length (a progress bar that never ends its line) travels in such frames, the client
+# asking again from next_offset, so each message stays far under MAX_LINE_BYTES: its output base64-encoded is
+# 4/3 of a frame, its rows as JSON (escapes, numbers spelled out again) a few times it at worst.
+FRAME_BYTES = 256 * 1024
 # The shortest time between two looks a client may ask for (watch, GPU samples, status polls):
 # any shorter only spins the host's CPU.
 MIN_INTERVAL_S = 0.2
@@ -622,7 +631,7 @@ OPS: dict[str, _ArgSpec] = {
         "run": (_STR, True, None),
         "offset": (_OPT_INT, False, None),
         "tail": (_OPT_INT, False, None),
-        "max_bytes": (_INT, False, 4 * 1024 * 1024),
+        "max_bytes": (_INT, False, FRAME_BYTES),  # at most FRAME_BYTES, whatever is asked
     },
     "metrics": {"run": (_STR, True, None), "offset": (_INT, False, 0)},
     "events": {"run": (_STR, True, None), "offset": (_INT, False, 0)},
@@ -788,6 +797,43 @@ def error_reply(request_id: int | str | None, code: str, message: str, details: 
 
 def stream_message(sub: int, stream: str, body: dict[str, Any]) -> dict[str, Any]:
     return {"v": PROTOCOL_VERSION, "sub": sub, "stream": stream, **body}
+
+
+def too_large_reply(request_id: int | str | None, op: str, size: int) -> dict[str, Any]:
+    """What stands for a reply of `size` bytes, more than a reader takes: the request's failure, naming it."""
+    message = (
+        f"{op}: the agent's reply was {size} bytes, more than one message may carry ({MAX_LINE_BYTES}); "
+        "it was dropped, and nothing else was lost (please report it: no reply should be that large)"
+    )
+    return error_reply(request_id, "too_large", message)
+
+
+def too_large_end(sub: int, stream: str, size: int) -> dict[str, Any]:
+    """What stands for a stream message of `size` bytes, more than a reader takes: its subscription's end,
+    saying why (the run's state is not known from it)."""
+    error = (
+        f"a {stream} message of the agent's was {size} bytes, more than one message may carry ({MAX_LINE_BYTES}); "
+        "the stream stopped there (please report it: no message should be that large)"
+    )
+    return stream_message(sub, "end", {"run": None, "state": None, "error": error})
+
+
+# The first bytes of a reply to a request of an integer id, and of a stream message, as `encode` writes them:
+# whom a message is for, read without decoding all of it (a log frame, a line too large to read).
+REPLY_HEAD = re.compile(rb'^\{"v":\d+,"id":(\d+),')
+STREAM_HEAD = re.compile(rb'^\{"v":\d+,"sub":(\d+),"stream":"(\w+)"')
+
+
+def message_head(line: bytes) -> tuple[Literal["id", "sub"], int, str] | None:
+    """Whom a message is for, from its first bytes: ("id", request id, "") for a reply to a request of an
+    integer id, ("sub", subscription, stream) for a stream message; None for anything else."""
+    reply = REPLY_HEAD.match(line)
+    if reply is not None:
+        return "id", int(reply[1]), ""
+    stream = STREAM_HEAD.match(line)
+    if stream is not None:
+        return "sub", int(stream[1]), stream[2].decode()
+    return None
 
 
 def encode(msg: object) -> bytes:

@@ -20,7 +20,7 @@ from backends.protocol import JobNode, LaunchResult, MetricRow
 from console import args as grammar
 from console import config, export, job_launch, launching, many_hosts, render
 from console.args import Grammar, Parser, UsageError, split, stage_options
-from console.client import PAST_END, AgentClient, follow
+from console.client import PAST_END, AgentClient, follow, log_bytes
 from console.errors import AgentError, TransportError
 from console.links import links
 from console.one_shot import cmd_kill, cmd_stacks, cmd_status
@@ -168,11 +168,9 @@ async def cmd_logs(client: AgentClient, ns: argparse.Namespace, _: list[str]) ->
     chunk = await client.logs(ns.run, tail=ns.tail)
     log.write(base64.b64decode(chunk["data_b64"]))
     offset = chunk["next_offset"]
-    while not ns.follow and offset < chunk["size"]:
-        chunk = await client.logs(ns.run, offset=offset)
-        log.write(base64.b64decode(chunk["data_b64"]))
-        offset = chunk["next_offset"]
     if not ns.follow:
+        async for data in log_bytes(client, ns.run, offset, chunk["size"]):
+            log.write(data)
         log.write(b"", end=True)
         return EXIT_OK
     async for msg in follow(client, ns.run, {"log": offset, "metrics": PAST_END, "events": PAST_END}, note):

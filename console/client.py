@@ -8,6 +8,8 @@ a reconnect) can resume exactly where the old one stopped.
 from __future__ import annotations
 
 import asyncio
+import base64
+import collections
 import contextlib
 import itertools
 import json
@@ -19,13 +21,14 @@ from typing import Any, cast
 from backends import protocol
 from backends.protocol import (
     HelloResult,
+    LogChunk,
     SubscribeResult,
     UnsubscribeResult,
 )
 from console import deadlines
 from console.errors import AgentError, TransportError
 from console.ops import AgentOps, reply_result
-from console.transport import Transport
+from console.transport import OversizedLine, Transport
 
 RECONNECT_BACKOFF_S = (1.0, 2.0, 4.0, 8.0, 15.0, 30.0)  # seconds between tries to reach a lost agent
 # A link lost this many times in a row the same way, each time before any data came over the new one
@@ -37,6 +40,8 @@ SETUP_OPS = ("hello", "subscribe", "unsubscribe")  # their replies are no progre
 LAUNCH_OPS = ("launch", "relaunch", "bench")
 # An offset past any file's end: subscribe to a stream from now on, skipping what it already holds.
 PAST_END = 1 << 62
+# `logs` frames asked for ahead: a long log comes at the link's pace, not at one round trip a frame.
+LOGS_AHEAD = 8
 
 
 class Subscription:
@@ -72,6 +77,7 @@ class AgentClient(AgentOps):
         self.timeout = timeout  # --timeout: every call's deadline; None: each call's own (`console.deadlines`)
         self._ids = itertools.count(1)
         self._pending: dict[int | str, asyncio.Future[Any]] = {}
+        self._ops: dict[int | str, str] = {}  # each pending request's op, to name it in an error
         self._subs: dict[int, Subscription] = {}
         self._early: dict[int, list[dict[str, Any]]] = {}
         self._reader: asyncio.Task[None] | None = None
@@ -191,6 +197,7 @@ class AgentClient(AgentOps):
         request_id = next(self._ids)
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._pending[request_id] = future
+        self._ops[request_id] = op
         seconds = deadlines.seconds_for(op, args, self.timeout)
         try:
             await self.transport.send(protocol.request_line(request_id, op, args))
@@ -201,6 +208,7 @@ class AgentClient(AgentOps):
             raise self._give_up(deadlines.no_answer(self.transport.description, op, seconds)) from None
         finally:
             self._pending.pop(request_id, None)
+            self._ops.pop(request_id, None)
 
     async def _launch_once(self, op: str, args: dict[str, Any]) -> Any:
         """A request that starts a run, under a launch id of its own; when the link is lost before the reply
@@ -253,7 +261,11 @@ class AgentClient(AgentOps):
         reason = "the agent closed the connection"
         try:
             while True:
-                line = await self.transport.receive()
+                try:
+                    line = await self.transport.receive()
+                except OversizedLine as big:
+                    self._stand_in(big)
+                    continue
                 if not line:
                     break
                 msg = json.loads(line)
@@ -273,6 +285,18 @@ class AgentClient(AgentOps):
         for sub in self._subs.values():
             sub.queue.put_nowait(None)
 
+    def _stand_in(self, big: OversizedLine) -> None:
+        """A line of the agent's too long to take fails its request, naming it, or ends its stream, saying why;
+        the link serves on."""
+        head = protocol.message_head(big.head)
+        if head is None:
+            return  # for nobody
+        kind, number, stream = head
+        if kind == "id":
+            self._dispatch(protocol.too_large_reply(number, self._ops.get(number, "a request"), big.size))
+        else:
+            self._dispatch(protocol.too_large_end(number, stream, big.size))
+
     def _dispatch(self, msg: dict[str, Any]) -> None:
         if "sub" in msg and "stream" in msg:
             self._received = True
@@ -290,6 +314,32 @@ class AgentClient(AgentOps):
             future.set_result(reply_result(msg))
         except AgentError as exc:
             future.set_exception(exc)
+
+
+async def log_bytes(client: AgentOps, run: str, offset: int, size: int) -> AsyncIterator[bytes]:
+    """The run's output from `offset` up to `size` (its length when first asked), in order: one frame
+    (`protocol.FRAME_BYTES`) a reply, LOGS_AHEAD of them asked for at once."""
+    asked: collections.deque[asyncio.Task[LogChunk]] = collections.deque()
+    ahead = offset
+    try:
+        while offset < size:
+            while len(asked) < LOGS_AHEAD and ahead < size:
+                asked.append(asyncio.ensure_future(client.logs(run, offset=ahead)))
+                ahead += protocol.FRAME_BYTES
+            chunk = await asked.popleft()
+            if chunk["next_offset"] <= offset:
+                return  # the file is shorter than it was: nothing more to give
+            yield base64.b64decode(chunk["data_b64"])
+            offset = chunk["next_offset"]
+            if offset != chunk["offset"] + protocol.FRAME_BYTES:  # a short frame: what was asked ahead is off
+                for task in asked:
+                    task.cancel()
+                asked.clear()
+                ahead = offset
+    finally:
+        for task in asked:
+            task.cancel()
+        await asyncio.gather(*asked, return_exceptions=True)
 
 
 async def follow(

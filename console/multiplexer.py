@@ -24,21 +24,18 @@ import fcntl
 import itertools
 import json
 import os
-import re
 import signal
 import sys
 from pathlib import Path
 
 from backends import protocol
-from backends.protocol import MAX_LINE_BYTES
+from backends.protocol import MAX_LINE_BYTES, REPLY_HEAD, STREAM_HEAD
 from console import reuse
 from console.errors import TransportError
 from console.ssh_transport import DEFAULT_PYTHON, SSHTransport
+from console.transport import OversizedLine
 
 SESSION_BUFFER_LIMIT = 64 * 1024 * 1024  # a command this far behind (a paused `logs -f | less`) is let go
-# The agent's own encoding (`protocol.encode`) puts these keys first: route by them without decoding all.
-_STREAM_HEAD = re.compile(rb'^\{"v":\d+,"sub":(\d+),"stream":"(\w+)"')
-_REPLY_HEAD = re.compile(rb'^\{"v":\d+,"id":(\d+),')
 
 
 class Session:
@@ -103,7 +100,14 @@ class Multiplexer:
     async def pump(self) -> None:
         """Every line of the agent to the command it is for, until the agent or the link is gone."""
         while True:
-            line = await self.transport.receive()
+            try:
+                line = await self.transport.receive()
+            except OversizedLine as big:
+                stand_in = self.stand_in(big)
+                if stand_in is None:
+                    reuse.log(f"{self.transport.spec}: dropped a line of the agent's: {big}, for no request or stream")
+                    continue
+                line = stand_in
             if not line:
                 words = self.transport.last_words().strip()
                 self.stop("closed: the agent or the link to the host is gone" + (f" ({words})" if words else ""))
@@ -113,12 +117,24 @@ class Multiplexer:
             except (ValueError, KeyError, TypeError, AttributeError) as exc:
                 reuse.log(f"{self.transport.spec}: dropped a line of the agent's: {exc}")
 
+    def stand_in(self, big: OversizedLine) -> bytes | None:
+        """What goes to a command in place of a line of the agent's too long to take: its request's failure, or
+        its stream's end (and the agent told to stop that stream), saying why; None: it was for nobody."""
+        head = protocol.message_head(big.head)
+        if head is None or (head[0] == "id" and head[1] not in self.routes):
+            return None
+        kind, number, stream = head
+        if kind == "id":
+            return protocol.encode(protocol.too_large_reply(number, self.routes[number][2], big.size))
+        self.unsubscribe(number)
+        return protocol.encode(protocol.too_large_end(number, stream, big.size))
+
     def route(self, line: bytes) -> None:
-        stream = _STREAM_HEAD.match(line)
+        stream = STREAM_HEAD.match(line)
         if stream is not None:
             self.route_stream(int(stream[1]), stream[2] == b"end", line)
             return
-        reply = _REPLY_HEAD.match(line)
+        reply = REPLY_HEAD.match(line)
         shared_id = int(reply[1]) if reply is not None else json.loads(line).get("id")
         session, own_id, op = self.routes.pop(shared_id)
         if op in ("subscribe", "unsubscribe") or reply is None:

@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Literal, cast, overload
 
 from backends.protocol import (
+    FRAME_BYTES,
     BenchLaunchResult,
     DoctorResult,
     EventsResult,
@@ -186,9 +187,10 @@ class AgentOps(abc.ABC):
         return cast(FreeGpusResult, result)
 
     async def logs(
-        self, run: str, *, offset: int | None = None, tail: int | None = None, max_bytes: int = 4 * 1024 * 1024
+        self, run: str, *, offset: int | None = None, tail: int | None = None, max_bytes: int = FRAME_BYTES
     ) -> LogChunk:
-        """A piece of the run's output: from `offset`, or its last `tail` lines, or from its start."""
+        """A piece of the run's output, at most FRAME_BYTES: from `offset`, or its last `tail` lines, or from its
+        start; `next_offset` says where the next piece begins."""
         result = await self.request("logs", run=run, offset=offset, tail=tail, max_bytes=max_bytes)
         return cast(LogChunk, result)
 

@@ -20,7 +20,7 @@ from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any, TypeVar
 
-from backends.protocol import MAX_LINE_BYTES, PROTOCOL_VERSION, request_line
+from backends.protocol import MAX_LINE_BYTES, PROTOCOL_VERSION, request_line, too_large_reply
 from console import args, config, deadlines, reuse
 from console.errors import AgentError, TransportError
 from console.one_shot import cmd_kill, cmd_stacks, cmd_status
@@ -85,14 +85,15 @@ class BlockingClient(AgentOps):
             try:
                 self._sock.settimeout(max(deadline - time.monotonic(), 0.001))
                 line = self._lines.readline(MAX_LINE_BYTES + 1)
+                size = self._dropped(line) if len(line) > MAX_LINE_BYTES else len(line)
             except TimeoutError:
                 raise deadlines.no_answer(self.spec, op, seconds) from None
             except OSError:
                 line = b""
             if not line:
                 raise TransportError(lost + self._why())
-            if len(line) > MAX_LINE_BYTES:
-                raise TransportError("the agent sent a line over the size limit")
+            if len(line) > MAX_LINE_BYTES:  # the request fails, naming it; the link stays in step
+                return reply_result(too_large_reply(request_id, op, size))
             if line.startswith(reuse.GREETING):
                 self._closing = reuse.closing_reason(line) or self._closing
                 continue
@@ -102,6 +103,14 @@ class BlockingClient(AgentOps):
                 raise TransportError(f"the agent sent something that is not a message ({exc})") from None
             if isinstance(msg, dict) and msg.get("id") == request_id:
                 return reply_result(msg)
+
+    def _dropped(self, start: bytes) -> int:
+        """Read and drop the rest of a line cut short at the reader's limit; the whole line's length."""
+        size, piece = len(start), start
+        while piece and not piece.endswith(b"\n"):
+            piece = self._lines.readline(1 << 20)
+            size += len(piece)
+        return size
 
     def _why(self) -> str:
         return f": {self._closing}" if self._closing else ""

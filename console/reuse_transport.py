@@ -11,7 +11,7 @@ from pathlib import Path
 from backends.protocol import MAX_LINE_BYTES
 from console import reuse
 from console.errors import TransportError
-from console.transport import Transport
+from console.transport import Transport, stream_piece, whole_line
 
 
 class MultiplexedTransport(Transport):
@@ -55,12 +55,11 @@ class MultiplexedTransport(Transport):
             raise TransportError(f"{self.description}: the shared connection was lost{self._why()}") from None
 
     async def receive(self) -> bytes:
-        assert self._reader is not None
+        reader = self._reader
+        assert reader is not None
         while True:
             try:
-                line = await self._reader.readline()
-            except ValueError:
-                raise TransportError("the agent sent a line over the size limit") from None
+                line = await whole_line(lambda: stream_piece(reader))
             except OSError:
                 return b""
             if not line.startswith(reuse.GREETING):

@@ -30,7 +30,7 @@ import asyncssh
 
 from console import agent_copy, host_keys, host_py_spy, vendored
 from console.errors import TransportError
-from console.transport import STDERR_KEEP_LINES, Transport
+from console.transport import STDERR_KEEP_LINES, Transport, whole_line
 from console.visible import printable
 
 DEFAULT_PYTHON = "python3"  # the host's interpreter for the agent, unless --remote-python names another
@@ -295,10 +295,16 @@ class SSHTransport(Transport):
 
     async def receive(self) -> bytes:
         assert self._proc is not None
-        try:
-            return await self._proc.stdout.readline()
-        except (asyncssh.Error, OSError):
-            return b""
+        stdout = self._proc.stdout
+
+        async def piece() -> bytes:
+            # asyncssh hands a line longer than its window (2 MiB) over in parts, each looking like a line
+            try:
+                return await stdout.readline()
+            except (asyncssh.Error, OSError):
+                return b""
+
+        return await whole_line(piece)
 
     def last_words(self) -> str:
         words = "\n".join(self._stderr)

@@ -11,7 +11,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -239,7 +238,7 @@ def test_a_reply_too_large_to_send_is_refused_and_the_agent_keeps_serving(workdi
         async with AgentClient(LocalTransport(workdir)) as client:
             with pytest.raises(AgentError) as refused:
                 await client.request("run_info", run=run.id)
-            assert refused.value.code == "too_large" and "ask for less" in refused.value.message
+            assert refused.value.code == "too_large" and refused.value.message.startswith("run_info: ")
             runs = (await client.request("status", gpus=False))["runs"]
             assert runs[0]["truncated"] == ["argv"]
 
@@ -256,7 +255,7 @@ def test_metrics_larger_than_a_reply_arrive_whole(cli: CLI, workdir: Path) -> No
 
 
 def small_reply_cli(workdir: Path, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[bytes]:
-    """The CLI whose client reads lines of at most 64 KiB: any larger reply fails the same way every time."""
+    """The CLI whose client reads lines of at most 64 KiB: a larger message is dropped and stands for an error."""
     script = (
         "import sys\n"
         "import console.transport\n"
@@ -269,21 +268,18 @@ def small_reply_cli(workdir: Path, *args: str, timeout: float = 60) -> subproces
     )
 
 
-def test_watch_stops_with_the_reason_when_every_reconnect_fails_the_same_way(workdir: Path, nvml_state: Path) -> None:
+def test_watch_stops_at_a_reply_too_large_to_read_in_one_line_naming_it(workdir: Path, nvml_state: Path) -> None:
     store = RunStore(workdir)
     for _ in range(12):
         store.create(RunSpec(kind="command", argv=WIDE_ARGV))
-    started = time.monotonic()
     result = small_reply_cli(workdir, "watch", "--json", "--interval", "0.2")
-    took = time.monotonic() - started
     err = result.stderr.decode()
     assert result.returncode == 1, err
-    assert err.count("connection lost") == 4 and took < 30
-    last = err.strip().splitlines()[-1]
-    assert "over the size limit" in last and "reconnecting again cannot help" in last
+    assert "connection lost" not in err and len(err.splitlines()) == 1  # the line was dropped, the link kept
+    assert err.startswith("eagle3-console: status: the agent's reply was ") and "one message may carry" in err
 
 
-def test_logs_follow_stops_with_the_reason_when_every_reconnect_fails_the_same_way(cli: CLI, workdir: Path) -> None:
+def test_logs_follow_stops_at_a_message_too_large_to_read_in_one_line(cli: CLI, workdir: Path) -> None:
     script = "import time\ntime.sleep(2)\nprint('w' * 100_000, flush=True)\ntime.sleep(30)"
     run_id = launch(cli, "command", "--", sys.executable, "-c", script)
     try:
@@ -292,5 +288,5 @@ def test_logs_follow_stops_with_the_reason_when_every_reconnect_fails_the_same_w
         cli("kill", run_id, "--signal", "KILL")
     err = result.stderr.decode()
     assert result.returncode == 1, err
-    assert err.count("connection lost") == 4
-    assert "reconnecting again cannot help" in err.strip().splitlines()[-1]
+    assert "connection lost" not in err and len(err.splitlines()) == 1
+    assert "a log message of the agent's was" in err and "the stream stopped there" in err

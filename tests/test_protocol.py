@@ -12,16 +12,21 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from backends.protocol import (
+    FRAME_BYTES,
+    MAX_LINE_BYTES,
     OPS,
     PROTOCOL_VERSION,
     ProtocolError,
     Request,
     encode,
     error_reply,
+    message_head,
     ok_reply,
     parse_request,
     request_line,
     stream_message,
+    too_large_end,
+    too_large_reply,
 )
 
 ERROR_CODES = {"bad_json", "bad_request", "bad_version", "unknown_op", "bad_args"}
@@ -228,7 +233,7 @@ def test_defaults_are_filled() -> None:
     assert parse_request(req("status")).args == {"gpus": True}
     assert parse_request(req("metrics", {"run": "r"})).args == {"run": "r", "offset": 0}
     logs = parse_request(req("logs", {"run": "r"})).args
-    assert logs == {"run": "r", "offset": None, "tail": None, "max_bytes": 4 * 1024 * 1024}
+    assert logs == {"run": "r", "offset": None, "tail": None, "max_bytes": FRAME_BYTES}
     launch = parse_request(req("launch", {"kind": "serve", "argv": ["python", "-m", "sglang"]})).args
     assert launch == {
         "kind": "serve",
@@ -450,3 +455,50 @@ def test_negative_or_nan_numbers_are_bad_args(args: dict[str, Any]) -> None:
     with pytest.raises(ProtocolError) as err:
         parse_request(request_line(3, "kill", args))
     assert err.value.code == "bad_args" and err.value.request_id == 3
+
+
+# --- frames: whom a message is for, from its first bytes ----------------------------------------
+
+HEAD = 256  # what a reader keeps of a line too long to take (console.transport.HEAD_BYTES)
+
+
+@given(request_id=st.integers(0, 2**63), body=json_values)
+@settings(max_examples=200, deadline=None)
+def test_a_replys_head_names_its_request(request_id: int, body: Any) -> None:
+    for reply in (ok_reply(request_id, body), error_reply(request_id, "x", "y", body)):
+        assert message_head(encode(reply)[:HEAD]) == ("id", request_id, "")
+
+
+@given(sub=st.integers(0, 2**63), stream=st.sampled_from(["log", "metrics", "events", "gpus", "state", "end"]))
+def test_a_stream_messages_head_names_its_subscription(sub: int, stream: str) -> None:
+    line = encode(stream_message(sub, stream, {"run": "r", "data_b64": "QUJD" * 100_000}))
+    assert message_head(line[:HEAD]) == ("sub", sub, stream)
+
+
+@pytest.mark.parametrize(
+    "line",
+    [b"", b"not json", b'{"multiplexer": {"pid": 1}}', encode(error_reply(None, "too_long", "x")),
+     encode(ok_reply("a-string-id", 1)), b'{"v":1,"id":12'],
+)  # fmt: skip
+def test_a_head_that_names_no_request_or_stream_is_none(line: bytes) -> None:
+    assert message_head(line) is None
+
+
+def test_what_stands_for_a_message_too_large_says_what_and_how_large_in_one_line() -> None:
+    reply = json.loads(encode(too_large_reply(4, "logs", 20_000_000)))
+    assert reply["id"] == 4 and reply["ok"] is False and reply["error"]["code"] == "too_large"
+    assert reply["error"]["message"].startswith("logs: the agent's reply was 20000000 bytes")
+    end = json.loads(encode(too_large_end(9, "log", 20_000_000)))
+    assert (end["sub"], end["stream"], end["state"]) == (9, "end", None)
+    assert end["error"].startswith("a log message of the agent's was 20000000 bytes")
+    assert all("\n" not in text for text in (reply["error"]["message"], end["error"]))
+
+
+def test_a_frame_of_any_bytes_stays_far_under_what_a_reader_takes() -> None:
+    """A log frame is base64 (4/3 of it); rows re-encoded as JSON at worst about six times their bytes
+    (\\u escapes of astral characters, 9e15 spelled 9000000000000000.0): either is far under the limit."""
+    log = encode(stream_message(1, "log", {"run": "r", "offset": 0, "next_offset": FRAME_BYTES,
+                                           "data_b64": "A" * (4 * FRAME_BYTES // 3 + 4)}))  # fmt: skip
+    assert len(log) < FRAME_BYTES * 4 // 3 + 1024
+    worst = json.loads("[" + ",".join(["9e15"] * (FRAME_BYTES // 5)) + "]")
+    assert len(encode(stream_message(1, "metrics", {"rows": [{"v": worst}]}))) < 6 * FRAME_BYTES < MAX_LINE_BYTES / 8
