@@ -665,9 +665,13 @@ row_names = st.text(max_size=8) | st.sampled_from(["source", "stage", "plateau",
 
 
 @given(
-    st.dictionaries(row_names, st.recursive(leaves, lambda inner: st.lists(inner) | st.dictionaries(st.text(), inner)))
+    st.dictionaries(
+        row_names,
+        st.recursive(leaves, lambda inner: st.lists(inner) | st.dictionaries(st.text(), inner), max_leaves=6),
+        max_size=6,
+    )
 )
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=100, deadline=None)
 def test_a_metric_value_is_a_number_or_spells_one_save_the_rows_own_text_and_flag(row: dict[str, object]) -> None:
     bad = not_metric_values(row)
     for name, value in row.items():
