@@ -87,8 +87,8 @@ def above(path):
                 else 'is writable by others (%s, mode %o)' % (owner, stat.S_IMODE(st.st_mode))
             fix = ' (or chmod go-w %s)' % folder if st.st_uid == ME else ''
             raise Refused('%s %s: whoever can change a folder above the agent\'s files can swap them for code the '
-                          'agent runs as %s; choose a --workdir in folders only root or %s can change%s'
-                          % (folder, what, who(ME), who(ME), fix))
+                          'agent runs as %s; choose a --workdir in folders only %s can change%s'
+                          % (folder, what, who(ME), 'root' if ME == 0 else 'root or ' + who(ME), fix))
 def mine(path, st):
     if st.st_uid != ME:
         raise Refused('%s belongs to %s, not to %s who runs the agent: remove it, or choose a --workdir of your own'
