@@ -350,17 +350,41 @@ async def follow(
     When the link drops (laptop asleep, network gone, agent killed) it reconnects with backoff and
     subscribes again at the offsets reached, so nothing is delivered twice or lost; `notify` is told
     of the loss and of the recovery. Only transient failures are retried; no request is replayed.
+    An agent that stops answering is found as a silent link is by ssh's ServerAliveInterval: after each
+    quiet spell as long as a look's deadline, a hello must come back within that deadline, else the link is
+    given up and reconnected like a lost one.
     """
     offsets = dict(offsets)
+    quiet_s = deadlines.seconds_for("hello", {}, client.timeout)
     while True:
         sub = await client.subscribe(run=run, offsets=offsets)
-        async for msg in sub:
-            yield msg
-            if msg.get("stream") == "end":
-                return
+        heard = [time.monotonic()]
+        alive = asyncio.create_task(_ask_when_quiet(client, heard, quiet_s))
+        try:
+            async for msg in sub:
+                heard[0] = time.monotonic()
+                yield msg
+                if msg.get("stream") == "end":
+                    return
+        finally:
+            alive.cancel()
         offsets = dict(sub.offsets)
         why = client.closed_reason or "the stream stopped"
         await reconnect_and_say(client, notify, why, "resuming where the stream stopped")
+
+
+async def _ask_when_quiet(client: AgentClient, heard: list[float], quiet_s: float) -> None:
+    """A hello after every `quiet_s` without a message (its deadline ends the streams of an agent that does
+    not answer); returns once the link is lost."""
+    while True:
+        await asyncio.sleep(max(heard[0] + quiet_s - time.monotonic(), 0.0))
+        if time.monotonic() - heard[0] < quiet_s:
+            continue
+        try:
+            await client.hello()
+        except (AgentError, TransportError):
+            return
+        heard[0] = time.monotonic()
 
 
 async def reconnect_and_say(client: AgentClient, notify: Callable[[str], None], why: str, then: str) -> None:

@@ -296,3 +296,34 @@ def next_line(lines: queue.Queue[str], *wanted: str, timeout: float = 60) -> str
         line = lines.get(timeout=max(0.1, deadline - time.monotonic()))
         if all(part in line for part in wanted):
             return line
+
+
+def test_a_follow_whose_agent_stops_answering_is_told_reconnects_and_goes_on_to_the_runs_end(tmp_path: Path) -> None:
+    """`logs -f` of a quiet run: the link stays silent, so the console asks after each quiet spell; the agent
+    stopped (SIGSTOP, a real local agent) misses the deadline, and a new one takes the stream to its end."""
+    store = tmp_path / "store"
+    base = [sys.executable, "-m", "console", "--timeout", "2", "--workdir", str(store), "local"]
+    run = subprocess.run(
+        [*base, "launch", "command", "--", "python3", "-c", f"print('up', flush=True)\n{SLEEPER}"],
+        cwd=REPO, capture_output=True, text=True,
+    ).stdout.strip()  # fmt: skip
+    follow = subprocess.Popen(
+        [*base, "logs", run, "-f"], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    assert follow.stdout is not None and follow.stderr is not None
+    said = lines_of(follow.stderr)
+    assert lines_of(follow.stdout).get(timeout=60) == "up\n"  # it follows: its agent greeted and streams
+    stopped = one_agent_of(store)
+    try:
+        os.kill(stopped, signal.SIGSTOP)
+        lost = next_line(said, "connection lost (local: no answer to hello in 2 s (the agent stopped answering)")
+        assert "reconnecting" in lost
+        next_line(said, "reconnected after")
+        kill(RunStore(store).get(run), "TERM", 5)
+        assert follow.wait(timeout=60) == 0  # the new link took the stream to the run's end
+    finally:
+        with contextlib.suppress(ProcessLookupError):  # the console killed it when it let the link go
+            os.kill(stopped, signal.SIGCONT)
+        if follow.poll() is None:
+            follow.kill()
+        end_runs(store)
