@@ -26,11 +26,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from backends.protocol import TERMINAL_STATES
 from backends.runs import once
 from backends.runs.control import OpError, kill
 from backends.runs.store import RunSpec, RunStore
+from console import args, config, deadlines
 from tests.conftest import REPO, ctrl_c_reaches_it
 from tests.sshd import SSHD, Sshd, home_for, start_sshd
 from tests.tmux import Tmux
@@ -327,3 +330,40 @@ def test_a_follow_whose_agent_stops_answering_is_told_reconnects_and_goes_on_to_
         if follow.poll() is None:
             follow.kill()
         end_runs(store)
+
+
+def test_each_call_gets_its_kinds_deadline_or_the_timeout_given_and_its_own_waits_on_top() -> None:
+    assert deadlines.seconds_for("status", {"gpus": True}, None) == deadlines.QUICK_S
+    assert deadlines.seconds_for("launch", {}, None) == deadlines.LONG_S
+    assert deadlines.seconds_for("doctor", {"dry_load": True}, None) == deadlines.DRY_LOAD_S
+    assert deadlines.seconds_for("kill", {"grace": 10.0}, None) == deadlines.QUICK_S + 10
+    assert deadlines.seconds_for("free_gpus", {"timeout": 15.0, "grace": 5.0}, 2) == 22
+    assert deadlines.seconds_for("doctor", {"dry_load": True}, 5) == 5  # --timeout: every call, long ones too
+
+
+@given(st.floats(min_value=0.001, max_value=1e9, allow_nan=False))
+def test_timeout_takes_any_positive_number_of_seconds(value: float) -> None:
+    ns = args.build_parser(args.GRAMMARS).parse_args(["--timeout", repr(value), "gpu1", "status"])
+    assert ns.timeout_s == value
+
+
+@pytest.mark.parametrize("text", ["0", "-1", "nan", "inf", "soon"])
+def test_timeout_refuses_what_is_no_time_to_answer(text: str) -> None:
+    with pytest.raises(args.UsageError):
+        args.build_parser(args.GRAMMARS).parse_args(["--timeout", text, "gpu1", "status"])
+
+
+def test_timeout_in_config_toml_applies_to_its_host_and_the_flag_wins(tmp_path: Path) -> None:
+    path = tmp_path / "config.toml"
+    path.write_text('[hosts.x]\naddress = "local"\ntimeout = 2\n')
+    settings = config.load(path)
+    parse = args.build_parser(args.GRAMMARS).parse_args
+    ns = parse(["x", "status"])
+    config.apply_settings(ns, settings)
+    assert ns.timeout_s == 2
+    ns = parse(["--timeout", "7", "x", "free-gpus", "--timeout", "3"])  # free-gpus' own wait is another option
+    config.apply_settings(ns, settings)
+    assert (ns.timeout_s, ns.timeout) == (7, 3)
+    path.write_text("[hosts.x]\ntimeout = 0\n")
+    with pytest.raises(config.ConfigError, match="timeout must be a number of seconds above 0"):
+        config.load(path)
