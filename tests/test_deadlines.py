@@ -32,7 +32,7 @@ from hypothesis import strategies as st
 from backends.protocol import TERMINAL_STATES
 from backends.runs import once
 from backends.runs.control import OpError, kill
-from backends.runs.store import RunSpec, RunStore
+from backends.runs.store import LAUNCHES, RunSpec, RunStore
 from console import args, config, deadlines
 from tests.conftest import REPO, ctrl_c_reaches_it
 from tests.sshd import SSHD, Sshd, home_for, start_sshd
@@ -222,7 +222,7 @@ def test_a_launch_id_held_by_a_live_agent_is_refused_and_one_whose_agent_died_is
     with pytest.raises(OpError) as refused:
         once.claim(store, "launch-1")
     assert refused.value.code == "launch_under_way"
-    claim = store.workdir / once.LAUNCHES / "launch-1"
+    claim = store.workdir / LAUNCHES / "launch-1"
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     record = json.loads(claim.read_text())
     record["agent"]["pid"] = int(dead.stdout)  # an agent that died before it made a run

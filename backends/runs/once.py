@@ -21,9 +21,8 @@ from backends.fileio import atomic_write_json, private_dir, read_json
 from backends.host import procinfo
 from backends.protocol import LaunchResult
 from backends.runs.control import OpError
-from backends.runs.store import SPEC, RunDir, RunStore
+from backends.runs.store import LAUNCHES, SPEC, RunDir, RunStore
 
-LAUNCHES = "launches"  # in the workdir, beside runs/: one small file per launch id
 LAUNCH_ID = re.compile(r"^[A-Za-z0-9_-]{8,64}$")
 
 

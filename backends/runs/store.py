@@ -9,6 +9,8 @@
         metrics_source.json  how far the supervisor has turned another trainer's output into metric rows
         exit.json      how the child ended (and, when it failed, why: `failure_reason`)
         supervisor.log the supervisor's own errors, if any
+    WORKDIR/launches/<launch-id>   the agent that claimed a launch of the console's, then the run it made
+                                   (`backends.runs.once`: a launch asked again returns that run)
 
 Everything the agent reports is derived from these files plus a check of
 whether the recorded processes are still the same processes.
@@ -78,6 +80,7 @@ WATCH = "watch.json"  # the supervisor's watch: running/ready/stalled, phase, he
 STACKS = "stacks"  # a folder: one file of every process's stack per stall
 BENCH = "bench.jsonl"  # a serve run's bench results (backends.bench), one JSON line per bench
 BENCH_TAIL = 64 * 1024  # the end of bench.jsonl a status poll reads
+LAUNCHES = "launches"  # in WORKDIR, beside runs/: one small file per launch id
 # Room reserved at launch for the records that must survive a disk that fills while the run runs:
 # the child's identity and its exit (`Reserved`; they lie as .NAME.reserved until used).
 RESERVED = (PROC, EXIT)
