@@ -78,6 +78,7 @@ class AgentClient(AgentOps):
         self._ids = itertools.count(1)
         self._pending: dict[int | str, asyncio.Future[Any]] = {}
         self._ops: dict[int | str, str] = {}  # each pending request's op, to name it in an error
+        self._stopping: set[asyncio.Task[None]] = set()  # streams ended here that the agent is told to stop
         self._subs: dict[int, Subscription] = {}
         self._early: dict[int, list[dict[str, Any]]] = {}
         self._reader: asyncio.Task[None] | None = None
@@ -296,6 +297,10 @@ class AgentClient(AgentOps):
             self._dispatch(protocol.too_large_reply(number, self._ops.get(number, "a request"), big.size))
         else:
             self._dispatch(protocol.too_large_end(number, stream, big.size))
+            if (sub := self._subs.get(number)) is not None:  # else the agent would go on sending what none reads
+                task = asyncio.create_task(sub.close())
+                self._stopping.add(task)
+                task.add_done_callback(self._stopping.discard)
 
     def _dispatch(self, msg: dict[str, Any]) -> None:
         if "sub" in msg and "stream" in msg:

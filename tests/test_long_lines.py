@@ -248,8 +248,12 @@ async def test_a_message_too_large_to_read_fails_its_request_or_ends_its_stream_
         assert refused.value.code == "too_large" and refused.value.message.startswith("logs: the agent's reply was ")
         small = await client.logs(run.id, max_bytes=1000)  # the same link, in step: the next reply is whole
         assert base64.b64decode(small["data_b64"]) == b"x" * 1000
-        messages = [msg async for msg in await client.subscribe(run=run.id)]
+        sub = await client.subscribe(run=run.id)
+        messages = [msg async for msg in sub]
         assert messages[-1]["stream"] == "end" and "a log message of the agent's was" in messages[-1]["error"]
+        with pytest.raises(AgentError, match=f"no subscription {sub.id}"):  # the agent was told to stop it
+            await asyncio.sleep(0.5)
+            await client.unsubscribe(sub.id)
         assert (await client.hello())["version"] == protocol.PROTOCOL_VERSION
         assert client.generation == 1 and client.closed_reason is None
 
