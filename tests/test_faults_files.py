@@ -19,7 +19,7 @@ import pytest
 
 from backends.runs.store import RunSpec, RunStore
 from console.client import AgentClient, Subscription
-from console.errors import AgentError
+from console.errors import AgentError, TransportError
 from console.transport import LocalTransport
 from console.tui.app import ConsoleApp
 from console.tui.panels import RunDetail, RunsTable
@@ -290,3 +290,33 @@ def test_logs_follow_stops_at_a_message_too_large_to_read_in_one_line(cli: CLI, 
     assert result.returncode == 1, err
     assert "connection lost" not in err and len(err.splitlines()) == 1
     assert "a log message of the agent's was" in err and "the stream stopped there" in err
+
+
+class ClosedAfterSubscribe(LocalTransport):
+    """The local agent, its link closed by this console as soon as a subscription is made: the link is lost the
+    same way right after every reconnect, before any data came."""
+
+    async def receive(self) -> bytes:
+        line = await super().receive()
+        if b'"result":{"sub":' in line and self._proc is not None and self._proc.stdin is not None:
+            self._proc.stdin.close()  # the agent reads its end and exits
+        return line
+
+
+async def test_a_link_lost_the_same_way_after_every_reconnect_stops_with_the_reason(
+    workdir: Path, nvml_state: Path
+) -> None:
+    client = AgentClient(ClosedAfterSubscribe(workdir))
+    await client.start()
+    told: list[TransportError] = []
+    try:
+        with pytest.raises(TransportError) as stopped:
+            while True:
+                async for _ in await client.subscribe():  # no run, no GPU samples: nothing comes
+                    pass
+                await client.reconnect_until_back(told.append)
+    finally:
+        await client.close()
+    assert not stopped.value.transient and told == []
+    assert str(stopped.value).startswith("the agent closed the connection")
+    assert str(stopped.value).endswith("came right after each of 3 reconnects, so reconnecting again cannot help")
