@@ -38,6 +38,7 @@ SETUP_OPS = ("hello", "subscribe", "unsubscribe")  # their replies are no progre
 # The requests that start a run: each carries a launch id, the same when asked again after a lost link, so
 # that the host returns the run it already started rather than a second (`backends.runs.once`).
 LAUNCH_OPS = ("launch", "relaunch", "bench")
+LAUNCH_ASKS = 4  # a launch asked this many times over lost links at most, then said and left
 # An offset past any file's end: subscribe to a stream from now on, skipping what it already holds.
 PAST_END = 1 << 62
 # `logs` frames asked for ahead: a long log comes at the link's pace, not at one round trip a frame.
@@ -213,19 +214,39 @@ class AgentClient(AgentOps):
 
     async def _launch_once(self, op: str, args: dict[str, Any]) -> Any:
         """A request that starts a run, under a launch id of its own; when the link is lost before the reply
-        (the run may have started), asked again with the same id once the link is back."""
+        (the run may have started), asked again with the same id once the link is back, LAUNCH_ASKS times at
+        most. An agent that does not answer in time is not asked again: a new one would find the launch still
+        under way."""
         args = {**args, "launch_id": uuid.uuid4().hex}
+        asked = 0
         while True:
+            asked += 1
             try:
+                if asked > 1:
+                    await self._reconnect_once()
                 return await self.request(op, **args)
+            except deadlines.NoAnswer:
+                raise
             except TransportError as exc:
                 if not exc.transient:
                     raise
+                if asked == LAUNCH_ASKS:
+                    raise TransportError(
+                        f"{exc}; {op} was asked {asked} times under one launch id: `status` says whether its run "
+                        "started"
+                    ) from None
                 self.say(
                     f"{self.transport.description}: the link was lost before {op} answered ({exc}); asking again "
                     "once it is back, under the same launch id: a run it started is returned, never started twice"
                 )
-                await self.reconnect_until_back(lambda _exc: None)
+                await asyncio.sleep(RECONNECT_BACKOFF_S[asked - 1])
+
+    async def _reconnect_once(self) -> None:
+        """One try at a new link, unless another caller has just made one."""
+        generation = self.generation
+        async with self._reconnecting:
+            if self.generation == generation or self.closed_reason is not None:
+                await self.reconnect()
 
     def _give_up(self, error: deadlines.NoAnswer) -> deadlines.NoAnswer:
         """The link given up, as when it drops: every call waiting on it fails and every stream ends, so that

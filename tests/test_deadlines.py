@@ -216,6 +216,32 @@ def test_a_launch_whose_agent_is_killed_before_it_replies_is_asked_again_and_sta
         end_runs(store)
 
 
+HOOK_DIE_EVERY_TIME = """
+import os, signal
+if os.environ.get("E3_DIE_AT_LAUNCH"):
+    from backends.runs import control
+    def die(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGKILL)  # every agent, at every launch, before anything starts
+    control.checked_spec = die
+"""
+
+
+def test_a_launch_whose_agent_dies_at_every_ask_is_asked_four_times_then_said_and_left(tmp_path: Path) -> None:
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(HOOK_DIE_EVERY_TIME)
+    store = tmp_path / "store"
+    env = {**os.environ, "PYTHONPATH": f"{hook}{os.pathsep}{REPO}", "E3_DIE_AT_LAUNCH": "1"}
+    argv = ["--workdir", str(store), "local", "launch", "command", "--", "python3", "-c", SLEEPER]
+    done = subprocess.run(
+        [sys.executable, "-m", "console", *argv], cwd=REPO, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 1 and not done.stdout
+    assert done.stderr.count("asking again once it is back, under the same launch id") == 3
+    assert "launch was asked 4 times under one launch id: `status` says whether its run started" in done.stderr
+    assert RunStore(store).all() == []
+
+
 def test_a_launch_id_held_by_a_live_agent_is_refused_and_one_whose_agent_died_is_taken_over(tmp_path: Path) -> None:
     store = RunStore(tmp_path / "store")
     assert once.claim(store, "launch-1") is None  # claimed by this process, which lives
