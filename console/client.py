@@ -203,11 +203,14 @@ class AgentClient(AgentOps):
         seconds = deadlines.seconds_for(op, args, self.timeout)
         try:
             await self.transport.send(protocol.request_line(request_id, op, args))
-            result = await asyncio.wait_for(future, seconds)
+            # asyncio.wait, not wait_for: Python 3.11's wait_for returns a reply that came as its caller was
+            # cancelled and drops the cancel (a console's follow of a run no longer selected went on writing).
+            await asyncio.wait((future,), timeout=seconds)
+            if not future.done():
+                raise self._give_up(deadlines.no_answer(self.transport.description, op, seconds))
+            result = future.result()
             self._received |= op not in SETUP_OPS
             return result
-        except asyncio.TimeoutError:
-            raise self._give_up(deadlines.no_answer(self.transport.description, op, seconds)) from None
         finally:
             self._pending.pop(request_id, None)
             self._ops.pop(request_id, None)

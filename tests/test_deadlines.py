@@ -10,6 +10,7 @@ the run, before its reply) is a sitecustomize written here, in the agent's own p
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import itertools
 import json
@@ -29,13 +30,17 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from backends import protocol
 from backends.protocol import TERMINAL_STATES
 from backends.runs import once
 from backends.runs.control import OpError, kill
 from backends.runs.store import LAUNCHES, RunSpec, RunStore
 from console import args, config, deadlines
+from console.client import AgentClient
+from console.transport import Transport
 from tests.conftest import REPO, ctrl_c_reaches_it
 from tests.sshd import SSHD, Sshd, home_for, start_sshd
+from tests.test_many_hosts import Client
 from tests.tmux import Tmux
 
 SLEEPER = "import time\ntime.sleep(600)"
@@ -43,24 +48,10 @@ DEADLINE_S = 3  # the --timeout of these tests: short, yet far above what an idl
 
 
 @dataclass
-class Laptop:
+class Laptop(Client):
     """A user's machine that knows `a` and `b`, two aliases of one sshd with a run store each."""
 
-    home: Path
-    runtime: Path
     stores: dict[str, Path]
-
-    def env(self) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items() if k != "SSH_AUTH_SOCK"}
-        return {**env, "HOME": str(self.home), "XDG_RUNTIME_DIR": str(self.runtime), "XDG_CONFIG_HOME": ""}
-
-    def argv(self, *args: str) -> list[str]:
-        return [sys.executable, "-m", "console", *args]
-
-    def cli(self, *args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            self.argv(*args), cwd=REPO, env=self.env(), capture_output=True, text=True, timeout=120, check=False
-        )
 
 
 @pytest.fixture
@@ -393,3 +384,44 @@ def test_timeout_in_config_toml_applies_to_its_host_and_the_flag_wins(tmp_path: 
     path.write_text("[hosts.x]\ntimeout = 0\n")
     with pytest.raises(config.ConfigError, match="timeout must be a number of seconds above 0"):
         config.load(path)
+
+
+class ReplyAsCancelled(Transport):
+    """An agent whose one reply arrives in the same turn of the event loop as the caller's cancellation: what a
+    console's log follow meets when the person moves to another run just as its log comes."""
+
+    description = "stub"
+
+    def __init__(self) -> None:
+        self.sent: asyncio.Queue[bytes] = asyncio.Queue()
+        self.caller: asyncio.Task[object] | None = None
+
+    async def open(self) -> None:
+        pass
+
+    async def send(self, line: bytes) -> None:
+        self.sent.put_nowait(line)
+
+    async def receive(self) -> bytes:
+        request = json.loads(await self.sent.get())
+        assert self.caller is not None
+        asyncio.get_running_loop().call_soon(self.caller.cancel)  # before the reply's callbacks run
+        return protocol.encode(protocol.ok_reply(request["id"], {"runs": []}))
+
+    async def close(self) -> None:
+        pass
+
+    def last_words(self) -> str:
+        return ""
+
+
+async def test_a_call_cancelled_as_its_reply_comes_is_cancelled_not_answered() -> None:
+    """Python 3.11's asyncio.wait_for returned such a reply and dropped the cancel: the console's follow of a run
+    no longer selected went on, writing that run's end into the selected run's log."""
+    transport = ReplyAsCancelled()
+    client = AgentClient(transport)
+    reader = asyncio.create_task(client._read_loop())
+    transport.caller = asyncio.create_task(client.request("list_runs"))
+    with pytest.raises(asyncio.CancelledError):
+        await transport.caller
+    reader.cancel()

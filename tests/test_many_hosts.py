@@ -37,12 +37,11 @@ SLEEPER = "import time\ntime.sleep(600)"
 
 
 @dataclass
-class Laptop:
-    """A user's machine that knows two hosts, `a` and `b` (and the group `lab` of both)."""
+class Client:
+    """A user's machine: its HOME (ssh config, known_hosts, config.toml) and runtime folder (multiplexers)."""
 
     home: Path
     runtime: Path
-    servers: dict[str, Sshd]
 
     def env(self) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if k != "SSH_AUTH_SOCK"}
@@ -55,6 +54,13 @@ class Laptop:
         return subprocess.run(
             self.argv(*args), cwd=REPO, env=self.env(), capture_output=True, text=True, timeout=120, check=False
         )
+
+
+@dataclass
+class Laptop(Client):
+    """A user's machine that knows two hosts, `a` and `b` (and the group `lab` of both)."""
+
+    servers: dict[str, Sshd]
 
     def launch(self, host: str) -> str:
         done = self.cli(host, "launch", "command", "--", "python3", "-c", SLEEPER)

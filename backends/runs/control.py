@@ -23,7 +23,16 @@ from backends import PACKAGE_ROOT, serving, shipped
 from backends.argv_edit import ArgvEditError, edit_argv
 from backends.host import diskspace, procinfo
 from backends.masking import mask_argv, mask_env
-from backends.protocol import SIGNAL_NAMES, KilledProcess, KillResult, PreflightResult, StacksResult
+from backends.protocol import (
+    SIGNAL_NAMES,
+    DoctorResult,
+    Finding,
+    KilledProcess,
+    KillResult,
+    LaunchResult,
+    PreflightResult,
+    StacksResult,
+)
 from backends.runs import job, preflight, stages, watch
 from backends.runs.store import OUTPUT, STACKS, RunDir, RunSpec, RunStore, StoreError
 
@@ -112,6 +121,19 @@ def wait_started(run: RunDir, timeout: float = LAUNCH_CONFIRM_S) -> None:
         time.sleep(POLL_S / 2)
 
 
+def launch_result(run: RunDir, verdict: DoctorResult | None, flags: Finding | None) -> LaunchResult:
+    """A launch's reply: its run as it stands now, and what its checks found (None when not told again)."""
+    info = run.info()
+    return {
+        "run": run.id,
+        "state": info["state"],
+        "pid": info["pid"],
+        "error": info["error"],
+        "doctor": verdict,
+        "flags": flags,
+    }
+
+
 def launch(store: RunStore, spec: RunSpec, checked: PreflightResult | None = None) -> dict[str, Any]:
     """Create the run, start its supervisor, and report its first state.
 
@@ -144,15 +166,7 @@ def launch(store: RunStore, spec: RunSpec, checked: PreflightResult | None = Non
         raise StoreError(f"{why}: the run was not launched; free some space or choose another --workdir") from None
     start_supervisor(run)
     wait_started(run)
-    info = run.info()
-    return {
-        "run": run.id,
-        "state": info["state"],
-        "pid": info["pid"],
-        "error": info["error"],
-        "doctor": verdict,
-        "flags": flags,
-    }
+    return dict(launch_result(run, verdict, flags))
 
 
 def pauses() -> Iterator[float]:

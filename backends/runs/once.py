@@ -20,7 +20,7 @@ from typing import Any
 from backends.fileio import atomic_write_json, private_dir, read_json
 from backends.host import procinfo
 from backends.protocol import LaunchResult
-from backends.runs.control import OpError
+from backends.runs.control import OpError, launch_result
 from backends.runs.store import LAUNCHES, SPEC, RunDir, RunStore
 
 LAUNCH_ID = re.compile(r"^[A-Za-z0-9_-]{8,64}$")
@@ -97,12 +97,4 @@ def release(store: RunStore, launch_id: str) -> None:
 
 def again(run: RunDir) -> LaunchResult:
     """The reply to a launch asked again: its run as it stands now (its checks were told the first time)."""
-    info = run.info()
-    return {
-        "run": run.id,
-        "state": info["state"],
-        "pid": info["pid"],
-        "error": info["error"],
-        "doctor": None,
-        "flags": None,
-    }
+    return launch_result(run, None, None)
