@@ -181,8 +181,11 @@ def test_logs_follow_ends_with_a_message_when_the_run_folder_is_removed(cli: CLI
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc[role]["pid"], signal.SIGKILL)  # each leads its own group
     assert follower.returncode == 1
-    assert f"run {run_id}: its folder" in err.decode() and "is gone" in err.decode()
-    assert b"Traceback" not in err
+    said = err.decode()
+    # Its stream says the folder went; a follow still asking for the log's tail then (a loaded machine) is told
+    # there is no such run: either way one line naming the run.
+    assert (f"run {run_id}: its folder" in said and "is gone" in said) or f"no run '{run_id}'" in said, said
+    assert said.count("\n") == 1 and "Traceback" not in said
 
 
 def test_status_of_megabytes_of_argv_is_bounded_and_marked_and_status_run_gives_it_whole(
