@@ -11,6 +11,7 @@ import dataclasses
 import functools
 import json
 import os
+import shlex
 import subprocess
 import sys
 import time
@@ -27,6 +28,9 @@ from backends.protocol import ProtocolError
 from tests import fake_nvml
 from tests.conftest import CLI, Spawn, wait_for, wait_state
 from tests.fake_nvml import gpu, write_state
+from tests.sshd import ALIAS, Sshd
+
+NVML_DOUBLE_ENV = ("EAGLE3_NVML_MODULE", fake_nvml.STATE_ENV, "PYTHONPATH")  # what `nvml_state` sets
 
 STUBBORN = fake_nvml.MAP_NODES + (
     "import signal, sys, time\n"
@@ -362,11 +366,30 @@ def launched_holder(run: Callable[..., subprocess.CompletedProcess[bytes]], node
     return run_id, wait_for(child, what=f"run {run_id} holding {node.name}")
 
 
+def over_ssh(sshd: Sshd, workdir: Path, folder: Path) -> CLI:
+    """The console on the same store through the test sshd: the host's Python (a wrapper, as --remote-python
+    names one) hands the agent the NVML double this test set up, as a host's own environment would."""
+    python = folder / "host-python"
+    exports = " ".join(f"{name}={shlex.quote(os.environ[name])}" for name in NVML_DOUBLE_ENV)
+    python.write_text(f'#!/bin/sh\nexport {exports}\nexec {sys.executable} "$@"\n')
+    python.chmod(0o755)
+
+    def run(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[bytes]:
+        argv = [sys.executable, "-m", "console", "--no-reuse", "--workdir", str(workdir), "--remote-python",
+                str(python), ALIAS, *args]  # fmt: skip
+        return subprocess.run(argv, env=sshd.env(), capture_output=True, timeout=timeout, check=False)
+
+    return run
+
+
+@pytest.mark.parametrize("host", ["local", ALIAS])
 def test_the_plan_says_whose_each_process_is_and_a_run_of_another_workdir_ends_killed_there(
-    cli: CLI, nvml_state: Path, spawn: Spawn, tmp_path: Path
+    host: str, cli: CLI, nvml_state: Path, spawn: Spawn, sshd: Sshd, workdir: Path, tmp_path: Path
 ) -> None:
-    """Real: both stores, their agents, supervisors and runs, the user's own process, the signals; the NVML
-    double lists the three on one GPU."""
+    """Real: both stores, their agents, supervisors and runs, the user's own process, the signals, and for
+    gpu-test OpenSSH's sshd between the console and its agent; the NVML double lists the three on one GPU."""
+    if host == ALIAS:
+        cli = over_ssh(sshd, workdir, tmp_path)
     nodes = fake_nvml.stand_in_nodes(tmp_path / "dev")
     elsewhere = tmp_path / "elsewhere"
     here, here_pid = launched_holder(cli, nodes / "nvidia0")
