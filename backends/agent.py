@@ -392,8 +392,25 @@ class Agent:
         """A run that benches a serve run (or a URL): its result goes beside the serve run (or into its own folder)."""
 
         async def start() -> dict[str, Any]:
-            asked = (target, prompts, requests, concurrency, max_tokens, api, name, cwd, launch_id)
-            return dict(await self._bench(*asked))
+            try:
+                spec, served = bench.bench_spec(
+                    self.store,
+                    target,
+                    prompts=prompts,
+                    requests=requests,
+                    concurrency=concurrency,
+                    max_tokens=max_tokens,
+                    api=api,
+                    name=name,
+                    cwd=cwd or self.cwd,
+                )
+            except ValueError as exc:
+                raise runctl.OpError("bad_args", str(exc)) from None
+            except BenchError as exc:
+                raise runctl.OpError("bench_refused", str(exc)) from None
+            spec.launch_id = launch_id
+            launched = await asyncio.to_thread(runctl.launch, self.store, spec)
+            return {**launched, "served_run": served}
 
         def served(run: RunDir) -> dict[str, Any]:
             argv = run.trusted_spec().argv
@@ -401,38 +418,6 @@ class Agent:
             return {"served_run": Path(path).name if path else None}
 
         return cast(protocol.BenchLaunchResult, await self._once(launch_id, start, served))
-
-    async def _bench(
-        self,
-        target: str,
-        prompts: str,
-        requests: int,
-        concurrency: int,
-        max_tokens: int,
-        api: str,
-        name: str | None,
-        cwd: str | None,
-        launch_id: str | None,
-    ) -> protocol.BenchLaunchResult:
-        try:
-            spec, served = bench.bench_spec(
-                self.store,
-                target,
-                prompts=prompts,
-                requests=requests,
-                concurrency=concurrency,
-                max_tokens=max_tokens,
-                api=api,
-                name=name,
-                cwd=cwd or self.cwd,
-            )
-        except ValueError as exc:
-            raise runctl.OpError("bad_args", str(exc)) from None
-        except BenchError as exc:
-            raise runctl.OpError("bench_refused", str(exc)) from None
-        spec.launch_id = launch_id
-        launched = await asyncio.to_thread(runctl.launch, self.store, spec)
-        return cast(protocol.BenchLaunchResult, {**launched, "served_run": served})
 
     async def op_relaunch_presets(self, run: str) -> RelaunchPresetsResult:
         """The relaunch presets spelled for the release that serves the run (its flags' verdict is usually cached)."""

@@ -258,12 +258,16 @@ class AgentClient(AgentOps):
             self._reader.cancel()
         if self.closed_reason is None:
             self.closed_reason, self._no_answer = str(error), True
+        self._fail_all(error)
+        return error
+
+    def _fail_all(self, error: TransportError) -> None:
+        """The link is gone: every call waiting on it fails with `error`, every stream ends."""
         for future in self._pending.values():
             if not future.done():
                 future.set_exception(error)
         for sub in self._subs.values():
             sub.queue.put_nowait(None)
-        return error
 
     async def subscribe(
         self, *, run: str | None = None, offsets: Mapping[str, int] | None = None, gpu_interval: float | None = None
@@ -303,12 +307,7 @@ class AgentClient(AgentOps):
             reason = f"the agent sent something that is not a message ({exc})"
         words = self.transport.last_words()
         self.closed_reason = reason + (f": {words.splitlines()[-1]}" if words else "")
-        error = TransportError(self.closed_reason)
-        for future in self._pending.values():
-            if not future.done():
-                future.set_exception(error)
-        for sub in self._subs.values():
-            sub.queue.put_nowait(None)
+        self._fail_all(TransportError(self.closed_reason))
 
     def _stand_in(self, big: OversizedLine) -> None:
         """A line of the agent's too long to take fails its request, naming it, or ends its stream, saying why;
