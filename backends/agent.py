@@ -69,6 +69,7 @@ from backends.runs.store import (
     EVENTS,
     METRICS,
     OUTPUT,
+    RUNS,
     RunDir,
     RunNotFound,
     RunStore,
@@ -483,7 +484,7 @@ class Agent:
         for planned in plan.processes:
             if planned.skip is None and planned.process["run_id"] and planned.holder in ("run", "other_store"):
                 workdir = self.store.workdir if planned.workdir is None else Path(planned.workdir)
-                folder = workdir / "runs" / planned.process["run_id"]
+                folder = workdir / RUNS / planned.process["run_id"]
                 by_run.setdefault(folder, []).append(planned.process["pid"])
         for folder, pids in by_run.items():
             try:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from backends.host import procinfo
 from backends.host.freegpus import RunHolder
-from backends.runs.store import ENV_RUN_DIR, RUN_ID_RE, CorruptFile, RunDir, RunStore
+from backends.runs.store import ENV_RUN_DIR, RUN_ID_RE, RUNS, CorruptFile, RunDir, RunStore
 
 
 class RunHolders:
@@ -57,7 +57,7 @@ class RunHolders:
         else:
             return None
         folder = Path(named)
-        if not folder.is_absolute() or not RUN_ID_RE.fullmatch(folder.name) or folder.parent.name != "runs":
+        if not folder.is_absolute() or not RUN_ID_RE.fullmatch(folder.name) or folder.parent.name != RUNS:
             return None
         if folder.parent.parent.resolve() == self.workdir:
             return None  # this store's, and not proven by its record: no run's

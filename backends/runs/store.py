@@ -80,6 +80,7 @@ WATCH = "watch.json"  # the supervisor's watch: running/ready/stalled, phase, he
 STACKS = "stacks"  # a folder: one file of every process's stack per stall
 BENCH = "bench.jsonl"  # a serve run's bench results (backends.bench), one JSON line per bench
 BENCH_TAIL = 64 * 1024  # the end of bench.jsonl a status poll reads
+RUNS = "runs"  # in WORKDIR: one folder per run, named by its id
 LAUNCHES = "launches"  # in WORKDIR, beside runs/: one small file per launch id
 # Room reserved at launch for the records that must survive a disk that fills while the run runs:
 # the child's identity and its exit (`Reserved`; they lie as .NAME.reserved until used).
@@ -603,7 +604,7 @@ def _record_lost(run: RunDir) -> None:
 class RunStore:
     def __init__(self, workdir: Path) -> None:
         self.workdir = workdir.expanduser()
-        self.runs = self.workdir / "runs"
+        self.runs = self.workdir / RUNS
 
     def secure(self) -> None:
         """Refuse a store another user owns; make one that others could enter (older versions made
