@@ -22,8 +22,8 @@ import time
 from pathlib import Path
 
 from benchmarks._common import cpu_seconds, print_table, rss_mib
-from console.client import AgentClient
-from console.transport import LocalTransport
+from console.link.client import AgentClient
+from console.link.transport import LocalTransport
 
 
 def supervisor_pids(workdir: Path) -> list[int]:

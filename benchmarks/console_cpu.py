@@ -26,8 +26,8 @@ from pathlib import Path
 
 from benchmarks._common import cpu_seconds, print_table
 from benchmarks.chart_redraw import plotext_redraw
-from console.client import AgentClient
-from console.transport import LocalTransport
+from console.link.client import AgentClient
+from console.link.transport import LocalTransport
 from console.tui.app import ConsoleApp
 from console.tui.chart import ChartsPanel, MetricChart
 from console.tui.metric_store import Series

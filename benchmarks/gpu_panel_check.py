@@ -21,8 +21,8 @@ from pathlib import Path
 
 from backends.protocol import GpuInfo, RunInfo
 from benchmarks._common import print_table
-from console.client import AgentClient
-from console.transport import LocalTransport
+from console.link.client import AgentClient
+from console.link.transport import LocalTransport
 from console.tui.gpu_panel import GpuHistory, Selection, gpu_text
 
 POLL_S = 2.0

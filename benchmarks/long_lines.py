@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 from benchmarks._common import print_table
-from console import reuse
+from console.link import reuse
 from tests.sshd import ALIAS, start_sshd
 
 REPO = Path(__file__).resolve().parent.parent

@@ -76,7 +76,7 @@ class Cluster:
         return [int(pid) for pid in found.stdout.split()]
 
     def stop(self) -> None:
-        for pid in self.pids(f"console.multiplexer --socket {self.runtime}"):
+        for pid in self.pids(f"console.link.multiplexer --socket {self.runtime}"):
             os.kill(pid, signal.SIGTERM)
         for pid in self.pids(f"python3 -c {SLEEPER.splitlines()[0]}"):
             if str(self.folder).encode() in Path(f"/proc/{pid}/environ").read_bytes():
@@ -102,7 +102,7 @@ def measure(folder: Path, count: int, runs_per_host: int, repeats: int) -> list[
             warm.append(took)
         hosts = json.loads(text)["hosts"]
         reply = sum(len(json.dumps(h["result"])) for h in hosts) / count
-        muxes = cluster.pids(f"console.multiplexer --socket {cluster.runtime}")
+        muxes = cluster.pids(f"console.link.multiplexer --socket {cluster.runtime}")
         agents = [p for p in cluster.pids("backends.agent") if str(cluster.folder).encode() in _cmdline(p)]
         return [
             str(count),

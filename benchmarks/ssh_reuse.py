@@ -1,5 +1,5 @@
 """How long one `kill` over SSH takes, from typing it to the prompt: the CLI through its shared connection
-(`console.reuse`), the CLI connecting afresh (--no-reuse), plain `ssh host kill PID`, and `ssh` through an
+(`console.link.reuse`), the CLI connecting afresh (--no-reuse), plain `ssh host kill PID`, and `ssh` through an
 OpenSSH ControlMaster connection, each warmed up first.
 
     .venv/bin/python -m benchmarks.ssh_reuse [--runs 20]
@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from benchmarks._common import percentile, print_table
-from console import reuse
+from console.link import reuse
 from tests.sshd import ALIAS, Sshd, start_sshd
 
 SLEEPER = "import time\ntime.sleep(3600)"

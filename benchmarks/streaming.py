@@ -21,8 +21,8 @@ import time
 from pathlib import Path
 
 from benchmarks._common import cpu_seconds, percentile, print_table
-from console.client import AgentClient
-from console.transport import LocalTransport
+from console.link.client import AgentClient
+from console.link.transport import LocalTransport
 
 WRITER = """
 import json, os, sys, time

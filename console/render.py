@@ -28,11 +28,11 @@ from backends.protocol import (
     nonfinite_spelled,
     not_metric_values,
 )
-from console.host_runs import own_id
+from console.fleet.names import own_id
 from console.visible import printable
 
 if TYPE_CHECKING:
-    from console.config import Host
+    from console.cli.config import Host
 
 NA = "n/a"
 

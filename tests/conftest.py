@@ -19,8 +19,8 @@ from hypothesis import settings
 from textual.message import Message
 from textual.notifications import Notification, Notify
 
-from console.client import AgentClient
-from console.transport import LocalTransport
+from console.link.client import AgentClient
+from console.link.transport import LocalTransport
 from tests.fake_nvml import gpu, write_state
 
 REPO = Path(__file__).resolve().parent.parent

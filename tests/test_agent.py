@@ -14,9 +14,9 @@ import pytest
 
 from backends import protocol
 from backends.runs.store import EVENTS, RunStore
-from console.client import AgentClient
 from console.errors import AgentError
-from console.transport import LocalTransport
+from console.link.client import AgentClient
+from console.link.transport import LocalTransport
 from tests.conftest import run_state, wait_for
 
 

@@ -23,10 +23,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from backends.shipped import PARTIAL
-from console.agent_copy import CACHE, backends_version, launch_command, sources
-from console.client import AgentClient
 from console.errors import AgentError
-from console.ssh_transport import SSHTransport
+from console.link.agent_upload import CACHE, backends_version, launch_command, sources
+from console.link.client import AgentClient
+from console.link.ssh import SSHTransport
 from tests.sshd import ALIAS, Sshd
 from tests.test_ssh import console
 

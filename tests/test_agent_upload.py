@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from console import host_py_spy, vendored
-from console.agent_copy import backends_version
-from console.ssh_transport import SSHTransport
+from console.link import py_spy, vendored
+from console.link.agent_upload import backends_version
+from console.link.ssh import SSHTransport
 from tests.conftest import wait_for
 from tests.sshd import ALIAS, Sshd
 from tests.test_ssh import console
@@ -35,7 +35,7 @@ def sha256(path: Path) -> str:
 
 
 def pinned() -> str:
-    wheel = host_py_spy.wheel_for(platform.machine())
+    wheel = py_spy.wheel_for(platform.machine())
     assert wheel is not None, "these tests run on a machine py-spy publishes a build for"
     return wheel.binary_sha256
 
@@ -173,9 +173,9 @@ def test_a_failed_download_of_py_spy_is_one_line_and_leaves_nothing(
     monkeypatch.setenv("PIP_CONFIG_FILE", os.devnull)
     monkeypatch.setenv("PIP_NO_INDEX", "1")
     monkeypatch.setenv("PIP_FIND_LINKS", str(tmp_path))
-    monkeypatch.setattr(host_py_spy, "_found", {})
+    monkeypatch.setattr(py_spy, "_found", {})
     for _ in range(2):  # a second connection hears the same answer
-        with pytest.raises(host_py_spy.NoPySpy, match="pip download of py-spy failed") as failed:
-            asyncio.run(host_py_spy.binary("aarch64"))
+        with pytest.raises(py_spy.NoPySpy, match="pip download of py-spy failed") as failed:
+            asyncio.run(py_spy.binary("aarch64"))
         assert "\n" not in str(failed.value)
     assert list((tmp_path / "cache" / "eagle3-console").iterdir()) == []

@@ -28,7 +28,7 @@ from backends.bench.cli import figures, load_prompts, percentiles
 from backends.bench.stream import BenchError, Chunk, Outcome, SSEDecoder, parse_chunk
 from backends.runs.store import RunDir
 from console.bench_text import bench_lines
-from console.transport import LocalTransport
+from console.link.transport import LocalTransport
 from console.tui.app import ConsoleApp
 from console.tui.panels import RunDetail, RunsTable
 from tests.conftest import CLI, free_port, launch, until, wait_for, wait_state

@@ -66,7 +66,7 @@ def test_the_local_host_needs_no_ssh_library(workdir: Path, nvml_state: Path) ->
     # A GPU host runs `local` commands (benchmarks, scripts) where asyncssh is not installed.
     script = (
         "import sys; sys.modules['asyncssh'] = None\n"  # any import of it now fails
-        "from console.cli import main\n"
+        "from console.cli.commands import main\n"
         f"sys.exit(main(['--workdir', {str(workdir)!r}, 'local', 'status']))\n"
     )
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=False)
@@ -386,8 +386,8 @@ def modules_after(script: str, tmp_path: Path) -> list[str]:
 def test_status_and_kill_over_ssh_start_without_an_event_loop_the_serving_engine_or_a_stage(tmp_path: Path) -> None:
     for words in (["gpu-host", "status", "--json"], ["gpu-host", "kill", "r1", "--signal", "KILL"]):
         # No multiplexer serves gpu-host: the quick way declines, having loaded nothing heavy.
-        assert modules_after(f"from console import quick\nassert quick.answer({words!r}) is None", tmp_path) == []
+        assert modules_after(f"from console.cli import quick\nassert quick.answer({words!r}) is None", tmp_path) == []
     # ... which serve does load, when it builds the server's command line.
-    parsed = "cli.build_parser().parse_args(['h', 'serve', 'T', 'D'])"
-    serve = f"from console import cli, launching\nlaunching.serve_argv({parsed}, [])"
+    parsed = "commands.build_parser().parse_args(['h', 'serve', 'T', 'D'])"
+    serve = f"from console import actions\nfrom console.cli import commands\nactions.serve_argv({parsed}, [])"
     assert "backends.serving" in modules_after(serve, tmp_path)

@@ -20,8 +20,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from console import config
-from console.cli import build_parser
+from console.cli import config
+from console.cli.commands import build_parser
 from tests.conftest import REPO
 from tests.sshd import ALIAS, Sshd
 from tests.tmux import Tmux

@@ -23,9 +23,10 @@ from backends.host import procinfo
 from backends.protocol import RunInfo
 from backends.runs import stalled, watch
 from backends.runs.store import RunSpec, RunStore
-from console import jobs, render
-from console.client import AgentClient
-from console.transport import LocalTransport
+from console import render
+from console.fleet import jobs
+from console.link.client import AgentClient
+from console.link.transport import LocalTransport
 from console.tui.panels import RunDetail
 from tests.conftest import CLI, REPO, free_port, until
 from tests.test_tui_attention import console, launch

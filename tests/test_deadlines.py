@@ -35,9 +35,10 @@ from backends.protocol import TERMINAL_STATES
 from backends.runs import once
 from backends.runs.control import OpError, kill
 from backends.runs.store import LAUNCHES, RunSpec, RunStore
-from console import args, config, deadlines
-from console.client import AgentClient
-from console.transport import Transport
+from console.cli import config, grammar
+from console.link import deadlines
+from console.link.client import AgentClient
+from console.link.transport import Transport
 from tests.conftest import REPO, ctrl_c_reaches_it
 from tests.sshd import SSHD, Sshd, home_for, start_sshd
 from tests.test_many_hosts import Client
@@ -75,7 +76,7 @@ def laptop(tmp_path: Path) -> Iterator[Laptop]:
         for pid in agents_of(stores["b"]):  # a stopped agent goes once it can read that its link is gone
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGCONT)
-        subprocess.run(["pkill", "-TERM", "-f", f"console.multiplexer --socket {runtime}"], check=False)
+        subprocess.run(["pkill", "-TERM", "-f", f"console.link.multiplexer --socket {runtime}"], check=False)
         server.stop()
         end_runs(*stores.values())
         subprocess.run(["rm", "-rf", str(runtime)], check=True)
@@ -360,21 +361,21 @@ def test_each_call_gets_its_kinds_deadline_or_the_timeout_given_and_its_own_wait
 
 @given(st.floats(min_value=0.001, max_value=1e9, allow_nan=False))
 def test_timeout_takes_any_positive_number_of_seconds(value: float) -> None:
-    ns = args.build_parser(args.GRAMMARS).parse_args(["--timeout", repr(value), "gpu1", "status"])
+    ns = grammar.build_parser(grammar.GRAMMARS).parse_args(["--timeout", repr(value), "gpu1", "status"])
     assert ns.timeout_s == value
 
 
 @pytest.mark.parametrize("text", ["0", "-1", "nan", "inf", "soon"])
 def test_timeout_refuses_what_is_no_time_to_answer(text: str) -> None:
-    with pytest.raises(args.UsageError):
-        args.build_parser(args.GRAMMARS).parse_args(["--timeout", text, "gpu1", "status"])
+    with pytest.raises(grammar.UsageError):
+        grammar.build_parser(grammar.GRAMMARS).parse_args(["--timeout", text, "gpu1", "status"])
 
 
 def test_timeout_in_config_toml_applies_to_its_host_and_the_flag_wins(tmp_path: Path) -> None:
     path = tmp_path / "config.toml"
     path.write_text('[hosts.x]\naddress = "local"\ntimeout = 2\n')
     settings = config.load(path)
-    parse = args.build_parser(args.GRAMMARS).parse_args
+    parse = grammar.build_parser(grammar.GRAMMARS).parse_args
     ns = parse(["x", "status"])
     config.apply_settings(ns, settings)
     assert ns.timeout_s == 2

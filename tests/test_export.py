@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from backends.runs.metrics_sources import canonical_name
-from console.export import csv_text, points, tensorboard_step, tensorboard_tag, unplaced, write_tensorboard
+from console.cli.export import csv_text, points, tensorboard_step, tensorboard_tag, unplaced, write_tensorboard
 from tests.conftest import CLI, launch, wait_state
 
 # The run writes the JSON lines it is given into its metrics file, as our trainer does.

@@ -26,8 +26,8 @@ from hypothesis import strategies as st
 
 from backends import serving
 from backends.runs import failure_reason
-from console.client import AgentClient
-from console.transport import LocalTransport
+from console.link.client import AgentClient
+from console.link.transport import LocalTransport
 from console.tui.app import ConsoleApp
 from console.tui.panels import RunDetail, RunsTable, detail_text
 from tests.conftest import CLI, Notes, launch, until, wait_state

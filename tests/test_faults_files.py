@@ -18,9 +18,9 @@ from typing import Any
 import pytest
 
 from backends.runs.store import RunSpec, RunStore
-from console.client import AgentClient, Subscription
 from console.errors import AgentError, TransportError
-from console.transport import LocalTransport
+from console.link.client import AgentClient, Subscription
+from console.link.transport import LocalTransport
 from console.tui.app import ConsoleApp
 from console.tui.panels import RunDetail, RunsTable
 from tests.conftest import CLI, REPO, launch, remove_live_folder, status, until, wait_state
@@ -261,9 +261,9 @@ def small_reply_cli(workdir: Path, *args: str, timeout: float = 60) -> subproces
     """The CLI whose client reads lines of at most 64 KiB: a larger message is dropped and stands for an error."""
     script = (
         "import sys\n"
-        "import console.transport\n"
-        "console.transport.MAX_LINE_BYTES = 64 * 1024\n"
-        "from console.cli import main\n"
+        "import console.link.transport\n"
+        "console.link.transport.MAX_LINE_BYTES = 64 * 1024\n"
+        "from console.cli.commands import main\n"
         f"sys.exit(main(['--workdir', {str(workdir)!r}, 'local', *sys.argv[1:]]))\n"
     )
     return subprocess.run(

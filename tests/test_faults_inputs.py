@@ -20,13 +20,13 @@ from hypothesis import strategies as st
 from backends.protocol import MIN_INTERVAL_S, ProtocolError, parse_request, request_line
 from backends.runs.store import RunSpec, SpecError
 from console import render
-from console.client import AgentClient
+from console.cli.watch import watch_lines
 from console.errors import AgentError
-from console.transport import LocalTransport
+from console.link.client import AgentClient
+from console.link.transport import LocalTransport
 from console.tui.app import ConsoleApp
 from console.tui.panels import RunDetail, RunsTable, detail_text, run_row
 from console.visible import printable
-from console.watching import watch_lines
 from tests.conftest import CLI, launch, run_info, until, wait_state
 
 TRUE = shutil.which("true") or "/bin/true"

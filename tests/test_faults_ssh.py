@@ -21,7 +21,17 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from backends.shipped import PARTIAL
-from console.agent_copy import CACHE, EMPTY, GO, Repair, backends_version, launch_command, manifest, plan, sources
+from console.link.agent_upload import (
+    CACHE,
+    EMPTY,
+    GO,
+    Repair,
+    backends_version,
+    launch_command,
+    manifest,
+    plan,
+    sources,
+)
 from tests.conftest import REPO, Notes, until
 from tests.sshd import ALIAS, Sshd
 from tests.test_ssh import console
@@ -143,7 +153,7 @@ def test_two_consoles_repairing_at_once_both_start_and_leave_one_whole_copy(sshd
 def test_the_console_says_when_it_repaired_the_agent_copy(
     sshd: Sshd, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from console import cli, config, output
+    from console.cli import commands, config, output
     from console.tui.app import ConsoleApp
 
     workdir = tmp_path / "work"
@@ -159,8 +169,8 @@ def test_the_console_says_when_it_repaired_the_agent_copy(
             await pilot.press("q")
 
     monkeypatch.setattr(ConsoleApp, "run", lambda app: asyncio.run(shown(app)))
-    ns = cli.build_parser().parse_args(["--workdir", str(workdir), ALIAS])
-    assert cli.open_console(ns, [ALIAS], config.Config(workdir / "config.toml")) == output.EXIT_OK
+    ns = commands.build_parser().parse_args(["--workdir", str(workdir), ALIAS])
+    assert commands.open_console(ns, [ALIAS], config.Config(workdir / "config.toml")) == output.EXIT_OK
     [note] = notes
     assert note.severity == "warning" and "removed: backends/evil.py" in note.message
 

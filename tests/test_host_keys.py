@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from console import host_keys
-from console.host_keys import OfferedKey
+from console.link import host_keys
+from console.link.host_keys import OfferedKey
 
 
 def offered(host: str, known_hosts: Path) -> OfferedKey:

@@ -1,4 +1,4 @@
-"""The console's client over several hosts (console.hosts_client) against real agents, one per run store: runs
+"""The console's client over several hosts (console.fleet.hosts) against real agents, one per run store: runs
 named HOST/RUN, every request sent to the run's host with the host's own id, and a host that cannot be reached
 said in `links` while the other answers. (The console over two real sshd hosts is in test_many_hosts.)"""
 
@@ -10,11 +10,11 @@ from typing import cast
 
 import pytest
 
-from console.client import AgentClient
 from console.errors import AgentError, TransportError
-from console.host_runs import split
-from console.hosts_client import HostsClient, HostsStatus
-from console.transport import LocalTransport
+from console.fleet.hosts import HostsClient, HostsStatus
+from console.fleet.names import split
+from console.link.client import AgentClient
+from console.link.transport import LocalTransport
 
 SLEEPER = "import time; time.sleep(60)"
 

@@ -1,5 +1,5 @@
 """Multi-node jobs, piece by piece: a node's record and its torchrun options (backends.runs.job), who sits where in
-a stalled run (backends.runs.stalled), and a job's state from its nodes (console.jobs). The whole job over two
+a stalled run (backends.runs.stalled), and a job's state from its nodes (console.fleet.jobs). The whole job over two
 real sshd hosts is in test_many_hosts."""
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ from backends.protocol import OPS, RunInfo, StalledProcess
 from backends.runs import job, stalled
 from backends.runs.control import OpError, checked_spec
 from backends.runs.store import RunSpec, SpecError
-from console import jobs
-from console.job_launch import job_id
+from console.cli.job_launch import job_id
+from console.fleet import jobs
 from tests.conftest import CLI
 
 

@@ -30,17 +30,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import console.transport
+import console.link.transport
 from backends import protocol
 from backends.protocol import FRAME_BYTES, MAX_LINE_BYTES
 from backends.runs.store import RunSpec, RunStore
-from console import quick
-from console.client import LOGS_AHEAD, PAST_END, AgentClient, log_bytes
+from console.cli import quick
 from console.errors import AgentError
-from console.multiplexer import Multiplexer, Session
-from console.ops import AgentOps
-from console.ssh_transport import SSHTransport
-from console.transport import HEAD_BYTES, LocalTransport, OversizedLine, Transport, stream_piece, whole_line
+from console.link.client import LOGS_AHEAD, PAST_END, AgentClient, log_bytes
+from console.link.multiplexer import Multiplexer, Session
+from console.link.ops import AgentOps
+from console.link.ssh import SSHTransport
+from console.link.transport import HEAD_BYTES, LocalTransport, OversizedLine, Transport, stream_piece, whole_line
 from tests.conftest import REPO, wait_for
 from tests.sshd import ALIAS, Sshd
 from tests.test_ssh_reuse import Place
@@ -239,7 +239,7 @@ async def test_a_message_too_large_to_read_fails_its_request_or_ends_its_stream_
     workdir: Path, nvml_state: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A client that reads lines of at most 64 KiB, against a real agent whose log frames are larger."""
-    monkeypatch.setattr(console.transport, "MAX_LINE_BYTES", 64 * 1024)
+    monkeypatch.setattr(console.link.transport, "MAX_LINE_BYTES", 64 * 1024)
     run = RunStore(workdir).create(RunSpec(kind="command", argv=["true"]))
     run.file("output.log").write_bytes(b"x" * (FRAME_BYTES + 1))
     async with AgentClient(LocalTransport(workdir)) as client:
@@ -286,7 +286,7 @@ def test_lines_of_any_length_come_whole_or_as_one_oversized_line_in_step(
                 return got
             got.append(line)
 
-    with mock.patch.object(console.transport, "MAX_LINE_BYTES", limit):
+    with mock.patch.object(console.link.transport, "MAX_LINE_BYTES", limit):
         got = asyncio.run(read_all())
     assert got == [line if len(line) <= limit else (line[:HEAD_BYTES], len(line)) for line in lines]
 
@@ -304,7 +304,7 @@ def test_a_line_the_agent_left_unfinished_is_no_message() -> None:
 def test_the_quick_client_fails_a_reply_too_large_naming_it_and_reads_the_next_whole(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """console.quick's client (status, stacks, kill through a multiplexer) against a socket that answers its first
+    """console.cli.quick's client (status, stacks, kill through a multiplexer) against a socket that answers its first
     request with a line past its limit and its second as it should."""
     monkeypatch.setattr(quick, "MAX_LINE_BYTES", 64 * 1024)
     ours, theirs = socket.socketpair()

@@ -1,4 +1,4 @@
-"""Several hosts in one command (`console.many_hosts`, issue 13 item 1's CLI): `status`, `watch` and
+"""Several hosts in one command (`console.cli.many_hosts`, issue 13 item 1's CLI): `status`, `watch` and
 `free-gpus --dry-run` over `a,b` or a [groups] name of config.toml.
 
 Real: two OpenSSH servers on 127.0.0.1 standing for two hosts (`tests/sshd.py`), each with its own run store,
@@ -27,7 +27,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from console import config
+from console.cli import config
 from tests.conftest import REPO, ctrl_c_reaches_it, free_port
 from tests.sshd import SSHD, Sshd, home_for, start_sshd
 from tests.tmux import Tmux
@@ -110,7 +110,7 @@ def laptop(tmp_path: Path) -> Iterator[Laptop]:
     )
     runtime = Path(tempfile.mkdtemp(prefix="e3m", dir="/tmp"))  # short: socket paths must fit in 108 bytes
     yield Laptop(home, runtime, servers)
-    subprocess.run(["pkill", "-TERM", "-f", f"console.multiplexer --socket {runtime}"], check=False)
+    subprocess.run(["pkill", "-TERM", "-f", f"console.link.multiplexer --socket {runtime}"], check=False)
     for server in servers.values():
         if server.process.poll() is None:
             server.stop()

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from backends.runs.store import RunDir
-from console.client import AgentClient
 from console.errors import AgentError
+from console.link.client import AgentClient
 from tests.conftest import CLI
 from tests.draft_fixtures import HIDDEN, good_draft, write_target
 

@@ -459,7 +459,7 @@ def test_negative_or_nan_numbers_are_bad_args(args: dict[str, Any]) -> None:
 
 # --- frames: whom a message is for, from its first bytes ----------------------------------------
 
-HEAD = 256  # what a reader keeps of a line too long to take (console.transport.HEAD_BYTES)
+HEAD = 256  # what a reader keeps of a line too long to take (console.link.transport.HEAD_BYTES)
 
 
 @given(request_id=st.integers(0, 2**63), body=json_values)

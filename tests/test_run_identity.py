@@ -21,9 +21,9 @@ import pytest
 from backends.host import procinfo
 from backends.runs import control as runctl
 from backends.runs.store import CHILD_ONLY_ENV, ENV_RUN_ID, RunDir, RunSpec, RunStore
-from console import transport
-from console.client import AgentClient
-from console.transport import LocalTransport
+from console.link import transport
+from console.link.client import AgentClient
+from console.link.transport import LocalTransport
 from tests.conftest import CLI, wait_for
 from tests.sshd import ALIAS, Sshd
 

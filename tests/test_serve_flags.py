@@ -20,7 +20,7 @@ from backends.protocol import Finding
 from backends.runs.store import RunDir
 from backends.sglang import flags as serve_flags
 from backends.sglang import launch
-from console.client import AgentClient
+from console.link.client import AgentClient
 from tests.conftest import CLI, wait_state
 
 PARSER_PATH = os.environ.get("EAGLE3_SGLANG_PARSER_PATH")

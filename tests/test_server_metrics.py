@@ -24,8 +24,8 @@ from backends.runs import watch
 from backends.runs.store import RunDir, RunSpec
 from backends.sglang import server_metrics
 from backends.sglang.server_metrics import ServerMetrics, quantile
-from console.cli import build_parser
-from console.launching import serve_argv
+from console.actions import serve_argv
+from console.cli.commands import build_parser
 from tests.conftest import CLI, REPO, free_port, launch, wait_for, wait_state
 from tests.standin_metrics import ITL_S, TTFT_S, StandinMetrics
 

@@ -22,9 +22,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from console.agent_copy import backends_version
 from console.errors import TransportError
-from console.ssh_transport import parse_host
+from console.link.agent_upload import backends_version
+from console.link.ssh import parse_host
 from tests.conftest import REPO, free_port, until, wait_for
 from tests.sshd import ALIAS, Sshd, keygen
 
@@ -181,8 +181,8 @@ def test_a_known_hosts_trusting_only_another_key_type_is_refused_with_what_to_do
 async def test_a_known_hosts_trusting_only_another_key_type_is_not_retried(
     sshd: Sshd, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from console.client import AgentClient
-    from console.ssh_transport import SSHTransport
+    from console.link.client import AgentClient
+    from console.link.ssh import SSHTransport
 
     monkeypatch.setenv(
         "HOME", str(sshd.client_home(tmp_path / "home", known_hosts=rsa_only_known_hosts(sshd, tmp_path)))
@@ -277,7 +277,7 @@ def test_a_follow_survives_a_lost_agent_and_prints_every_line_exactly_once(
 async def test_the_console_leaves_with_the_reason_when_the_host_key_is_refused(
     sshd: Sshd, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from console.ssh_transport import SSHTransport
+    from console.link.ssh import SSHTransport
     from console.tui.app import ConsoleApp
 
     monkeypatch.setenv("HOME", str(sshd.client_home(tmp_path / "home", known_hosts="")))
@@ -292,7 +292,7 @@ async def test_the_console_leaves_with_the_reason_when_the_host_key_is_refused(
 async def test_the_console_asks_before_it_trusts_a_new_host_key(
     sshd: Sshd, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from console.ssh_transport import SSHTransport
+    from console.link.ssh import SSHTransport
     from console.tui.app import ConsoleApp
     from console.tui.dialogs import ConfirmScreen
 
@@ -316,7 +316,7 @@ async def test_the_console_asks_before_it_trusts_a_new_host_key(
 async def test_the_console_over_ssh_shows_the_hosts_runs(
     sshd: Sshd, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from console.ssh_transport import SSHTransport
+    from console.link.ssh import SSHTransport
     from console.tui.app import ConsoleApp
     from console.tui.panels import RunsTable
 

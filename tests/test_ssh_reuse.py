@@ -1,4 +1,4 @@
-"""Connection reuse for the CLI over SSH (`console.reuse`, `console.multiplexer`), against a real OpenSSH sshd.
+"""Connection reuse for the CLI over SSH (`console.link.reuse`, `console.link.multiplexer`), against a real sshd.
 
 Real: sshd on 127.0.0.1 (`tests/sshd.py`), the CLI in its own process as a user runs it, the multiplexer it
 starts in the background, the agent on the "host" (this machine through sshd), runs and signals. Each test
@@ -23,9 +23,10 @@ from pathlib import Path
 
 import pytest
 
-from console import quick, reuse
-from console.reuse_transport import ReusingTransport
-from console.transport import LocalTransport
+from console.cli import quick
+from console.link import reuse
+from console.link.reuse_transport import ReusingTransport
+from console.link.transport import LocalTransport
 from tests.conftest import REPO, ctrl_c_reaches_it, wait_for
 from tests.sshd import ALIAS, Sshd, keygen
 
@@ -77,7 +78,7 @@ class Place:
                     argv = (entry / "cmdline").read_bytes().split(b"\0")
                 except OSError:
                     continue
-                if b"console.multiplexer" in argv and any(str(self.folder).encode() in a for a in argv):
+                if b"console.link.multiplexer" in argv and any(str(self.folder).encode() in a for a in argv):
                     found.append(int(entry.name))
         return found
 
@@ -340,7 +341,7 @@ def test_another_workdir_is_another_connection(place: Place, tmp_path: Path) -> 
 def test_a_hung_multiplexer_found_by_the_quick_way_is_waited_for_once(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The quick way (`console.quick`) and then the CLI's way run in one process: the second takes the first's
+    """The quick way (`console.cli.quick`) and then the CLI's way run in one process: the second takes the first's
     finding rather than wait for the same greeting again. Real: the socket, the agent of `local`'s transport."""
     runtime = Path(tempfile.mkdtemp(prefix="e3q", dir="/tmp"))
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(runtime))

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from backends.eagle3_contract import read_manifest
 from backends.runs.store import RunDir
-from console.args import Parser, stage_groups, stage_options
+from console.cli.grammar import Parser, stage_groups, stage_options
 from tests.conftest import CLI
 
 

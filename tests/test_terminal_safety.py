@@ -25,7 +25,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from rich.style import Style
 
-from console import output
+from console.cli import output
 from console.tui.log import PROGRESS_BYTES, SHOWN_BYTES, LineReader, log_text, size_text
 from console.visible import SGR, TerminalLog, printable, visible, visible_keeping_sgr
 from tests.conftest import CLI, launch, wait_for, wait_state

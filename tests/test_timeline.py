@@ -13,8 +13,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from backends.fileio import read_jsonl
-from console.client import AgentClient
-from console.transport import LocalTransport
+from console.link.client import AgentClient
+from console.link.transport import LocalTransport
 from console.tui.timeline import (
     compare,
     comparison_steps,

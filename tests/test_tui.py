@@ -13,8 +13,8 @@ from textual.pilot import Pilot
 from textual.widgets import Static
 
 from backends.host import procinfo
-from console.client import AgentClient
-from console.transport import LocalTransport
+from console.link.client import AgentClient
+from console.link.transport import LocalTransport
 from console.tui.app import ConsoleApp
 from console.tui.chart import ChartsPanel
 from console.tui.dialogs import ConfirmScreen, HelpScreen, RelaunchScreen, TextScreen

@@ -13,8 +13,8 @@ from rich.text import Text
 from textual.notifications import Notification
 from textual.pilot import Pilot
 
-from console.client import AgentClient
-from console.transport import LocalTransport
+from console.link.client import AgentClient
+from console.link.transport import LocalTransport
 from console.tui.app import ConsoleApp
 from console.tui.dialogs import ConfirmScreen, HelpScreen, RelaunchScreen
 from console.tui.log import TailLog

@@ -8,8 +8,8 @@ import asyncio
 import sys
 from pathlib import Path
 
-from console.client import AgentClient
-from console.transport import LocalTransport
+from console.link.client import AgentClient
+from console.link.transport import LocalTransport
 from console.tui.app import ConsoleApp
 from console.tui.chart import ChartPicker, ChartsPanel, MetricChart
 from console.tui.panels import RunsTable

@@ -26,7 +26,7 @@ from backends.fileio import append_jsonl, atomic_write_json
 from backends.protocol import Diagnosis, MetricRow
 from backends.runs.store import EVENTS, EXIT, METRICS, OUTPUT, SPEC, WATCH, RunSpec
 from backends.runs.watch import Watch
-from console.transport import LocalTransport
+from console.link.transport import LocalTransport
 from console.tui import gpu_panel
 from console.tui.app import ConsoleApp
 from console.tui.chart import ChartsPanel, MetricChart

@@ -26,13 +26,14 @@ from textual.notifications import SeverityLevel
 from textual.widgets import DataTable, Footer, Header, Static
 
 from backends.protocol import TERMINAL_STATES, MetricRow, NonfiniteValue, RunInfo, StatusResult
-from console import jobs, render
-from console.client import AgentClient
+from console import render
 from console.errors import AgentError, TransportError
-from console.hosts_client import HostsClient, HostsStatus
-from console.job_actions import stop_then_relaunch
-from console.ops import AgentOps
-from console.transport import Transport
+from console.fleet import jobs
+from console.fleet.hosts import HostsClient, HostsStatus
+from console.fleet.job_actions import stop_then_relaunch
+from console.link.client import AgentClient
+from console.link.ops import AgentOps
+from console.link.transport import Transport
 from console.tui.chart import ChartPicker, ChartsPanel, RunMetrics, choices, default_charts, nonfinite_value, spec_label
 from console.tui.commands import RunCommands
 from console.tui.dialogs import ConfirmScreen, HelpScreen, RelaunchScreen, TextScreen
@@ -45,7 +46,7 @@ from console.visible import printable, visible
 from themes import register_themes
 
 if TYPE_CHECKING:
-    from console.host_keys import OfferedKey
+    from console.link.host_keys import OfferedKey
 
 POLL_S = 2.0
 FLASH_S = 6.0  # how long a passing message stays

@@ -15,9 +15,9 @@ from textual.theme import Theme
 from textual.widgets import DataTable, Static
 
 from backends.protocol import TERMINAL_STATES, GpuInfo, RunInfo
-from console import jobs
 from console.bench_text import bench_lines
-from console.host_runs import own_id
+from console.fleet import jobs
+from console.fleet.names import own_id
 from console.render import (
     FAILED_STATES,
     STALL_ADVICE,

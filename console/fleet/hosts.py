@@ -15,10 +15,10 @@ from collections.abc import Callable, Mapping
 from typing import Any, TypedDict, cast
 
 from backends.protocol import GpuInfo, HelloResult, RunInfo, StatusResult
-from console.client import AgentClient, Subscription
 from console.errors import AgentError, TransportError
-from console.host_runs import SEPARATOR, key, split
-from console.ops import AgentOps
+from console.fleet.names import SEPARATOR, key, split
+from console.link.client import AgentClient, Subscription
+from console.link.ops import AgentOps
 
 RUN_FIELDS = ("run", "parent", "id", "served_run")  # reply fields that name a run of the host
 

@@ -4,7 +4,7 @@ than the kill itself.
 
 `answer(words)` answers such a command when a multiplexer serves its host, else says None and the CLI goes
 its usual way (which starts a multiplexer). It speaks only to a socket of this user's, whose peer is this
-user, that greets as a multiplexer (the checks of `console.reuse`).
+user, that greets as a multiplexer (the checks of `console.link.reuse`).
 """
 
 from __future__ import annotations
@@ -21,11 +21,12 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from backends.protocol import MAX_LINE_BYTES, PROTOCOL_VERSION, request_line, too_large_reply
-from console import args, config, deadlines, reuse
+from console.cli import config, grammar
+from console.cli.one_shot import cmd_kill, cmd_stacks, cmd_status
+from console.cli.output import EXIT_FAILED, EXIT_OK, failed, note
 from console.errors import AgentError, TransportError
-from console.one_shot import cmd_kill, cmd_stacks, cmd_status
-from console.ops import AgentOps, reply_result
-from console.output import EXIT_FAILED, EXIT_OK, failed, note
+from console.link import deadlines, reuse
+from console.link.ops import AgentOps, reply_result
 
 T = TypeVar("T")
 ONE_SHOT: dict[str, Callable[[AgentOps, argparse.Namespace, list[str]], Coroutine[Any, Any, int]]] = {
@@ -40,7 +41,7 @@ class BlockingClient(AgentOps):
 
     def __init__(self, spec: str, timeout: float | None = None) -> None:
         self.spec = spec
-        self.timeout = timeout  # --timeout: every call's deadline; None: each call's own (`console.deadlines`)
+        self.timeout = timeout  # --timeout: every call's deadline; None: each call's own (`console.link.deadlines`)
         self._ids = itertools.count(1)
         self._sock: socket.socket | None = None
         self._lines: Any = None  # the socket's reading side, as a binary file
@@ -139,14 +140,14 @@ def answer(words: list[str]) -> int | None:
     no multiplexer serves its host (nothing was sent then, so the CLI may do it all its usual way)."""
     if "_ARGCOMPLETE" in os.environ:
         return None
-    options, tail = args.split(words, args.GRAMMARS)
+    options, tail = grammar.split(words, grammar.GRAMMARS)
     try:
-        ns = args.build_parser(args.GRAMMARS).parse_args(options)
+        ns = grammar.build_parser(grammar.GRAMMARS).parse_args(options)
         settings = config.load()
         if settings.expand(ns.host) != [ns.host]:
-            return None  # several hosts: each on a connection of its own (`console.many_hosts`)
+            return None  # several hosts: each on a connection of its own (`console.cli.many_hosts`)
         config.apply_settings(ns, settings)
-    except (args.UsageError, config.ConfigError):
+    except (grammar.UsageError, config.ConfigError):
         return None  # the CLI says what is wrong
     command = ONE_SHOT.get(ns.command)
     if command is None or tail or ns.host == "local" or ns.no_reuse:

@@ -1,5 +1,5 @@
 """`status`, `watch` and `free-gpus --dry-run` over several hosts at once, and `kill`/`relaunch` of a multi-node
-job (`console.job_actions`): HOST as `a,b`, or a [groups] name of config.toml (a group of one too: a script gets
+job (`console.fleet.job_actions`): HOST as `a,b`, or a [groups] name of config.toml (a group of one too: a script gets
 the same shape of answer whatever the group's size).
 
 Each host is reached on its own connection with its own settings, and every line or JSON object says which
@@ -14,13 +14,15 @@ import asyncio
 import time
 from typing import Any
 
-from console import config, job_actions, jobs, render
-from console.args import UsageError
-from console.client import AgentClient
+from console import render
+from console.cli import config
+from console.cli.grammar import UsageError
+from console.cli.output import EXIT_FAILED, EXIT_OK, dump, out
+from console.cli.watch import watch_runs
 from console.errors import TransportError
-from console.links import Link, TransportFor, answer, host_json, links
-from console.output import EXIT_FAILED, EXIT_OK, dump, out
-from console.watching import watch_runs
+from console.fleet import job_actions, jobs
+from console.fleet.links import Link, TransportFor, answer, host_json, links
+from console.link.client import AgentClient
 
 COMMANDS = ("status", "watch", "free-gpus", "kill", "relaunch")
 

@@ -16,12 +16,13 @@ import secrets
 from collections.abc import Awaitable, Callable
 
 from backends.protocol import JobNode, LaunchResult
-from console import config, launching
-from console.args import UsageError
-from console.client import AgentClient
+from console import actions
+from console.cli import config
+from console.cli.grammar import UsageError
+from console.cli.output import EXIT_FAILED, EXIT_OK, note, out
 from console.errors import AgentError, TransportError
-from console.links import Link, TransportFor, answer, links
-from console.output import EXIT_FAILED, EXIT_OK, note, out
+from console.fleet.links import Link, TransportFor, answer, links
+from console.link.client import AgentClient
 
 Follow = Callable[[AgentClient, argparse.Namespace, str], Awaitable[int]]  # node 0's run followed; the exit code
 
@@ -88,8 +89,8 @@ async def launch_job(
 
 async def launch_node(link: Link, tail: list[str], node: JobNode, endpoint: str) -> LaunchResult:
     if link.ns.command == "serve":
-        return await launching.launch_serve(link.client, link.ns, tail, node, endpoint)
-    return await launching.launch_stage(link.client, link.ns, tail, node, endpoint)
+        return await actions.launch_serve(link.client, link.ns, tail, node, endpoint)
+    return await actions.launch_stage(link.client, link.ns, tail, node, endpoint)
 
 
 def outcome(result: LaunchResult | BaseException) -> tuple[LaunchResult | None, str]:

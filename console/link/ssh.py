@@ -7,9 +7,9 @@ unknown one is trusted only when `trust_new_key` (a person, asked, or
 `--accept-new-host-key`) says so (`host_keys`); it is never accepted silently. The host needs only `python3`:
 the pure-Python `backends` package is uploaded by SFTP, once per version, into
 `WORKDIR/agent/<version>/` on the host, checked against this console's own files
-on every connection and put right where it differs (`agent_copy`), and the agent
+on every connection and put right where it differs (`agent_upload`), and the agent
 runs from there, with its pure-Python dependencies shipped beside it and, on a host without py-spy, the
-py-spy for its architecture (`host_py_spy`). Nothing listens on the host: the agent speaks over the
+py-spy for its architecture (`py_spy`). Nothing listens on the host: the agent speaks over the
 channel's stdin/stdout.
 """
 
@@ -28,9 +28,9 @@ from typing import Any
 
 import asyncssh
 
-from console import agent_copy, host_keys, host_py_spy, vendored
 from console.errors import TransportError
-from console.transport import STDERR_KEEP_LINES, Transport, whole_line
+from console.link import agent_upload, host_keys, py_spy, vendored
+from console.link.transport import STDERR_KEEP_LINES, Transport, whole_line
 from console.visible import printable
 
 DEFAULT_PYTHON = "python3"  # the host's interpreter for the agent, unless --remote-python names another
@@ -165,11 +165,11 @@ class SSHTransport(Transport):
         console's files (over SFTP, only when it differs), and the launcher becomes the agent."""
         assert self._conn is not None
         try:
-            files = agent_copy.manifest()
+            files = agent_upload.manifest()
         except vendored.VendorError as exc:
             raise TransportError(f"{self.spec}: {exc}", transient=False) from None
         workdir = str(self.workdir) if self.workdir is not None else DEFAULT_WORKDIR
-        command = agent_copy.launch_command(self.python, workdir, agent_copy.version_of(files))
+        command = agent_upload.launch_command(self.python, workdir, agent_upload.version_of(files))
         self._proc = await self._conn.create_process(command, encoding=None)
         self._stderr_task = asyncio.create_task(self._drain_stderr())
         try:
@@ -179,33 +179,33 @@ class SSHTransport(Transport):
                 f"{self.spec}: {self.python} on the host did not start within {CONNECT_TIMEOUT_S} s"
             ) from None
         host = await self._listed(listing)
-        repair = agent_copy.plan(files, host.tree) if host.found == "dir" else None
-        py_spy = await self._py_spy_to_upload(host)
-        if repair is None or repair.needed or py_spy is not None:
+        repair = agent_upload.plan(files, host.tree) if host.found == "dir" else None
+        spy = await self._py_spy_to_upload(host)
+        if repair is None or repair.needed or spy is not None:
             async with self._conn.start_sftp_client() as sftp:
                 try:
                     if repair is None:
                         if host.found != "missing":  # a file or a link where the folder belongs
                             await sftp.remove(host.top.encode("utf-8", "surrogateescape"))
-                        await agent_copy.upload(sftp, host.top)
+                        await agent_upload.upload(sftp, host.top)
                     elif repair.needed:
-                        await agent_copy.repair(sftp, host.top, repair)
+                        await agent_upload.repair(sftp, host.top, repair)
                 except asyncssh.SFTPFailure:
-                    full = await agent_copy.no_space(sftp, host.workdir, agent_copy.bytes_to_write(repair))
+                    full = await agent_upload.no_space(sftp, host.workdir, agent_upload.bytes_to_write(repair))
                     if full is None:
                         raise
                     raise TransportError(
                         f"{self.spec}: {full}; free some space there, or choose another --workdir", transient=False
                     ) from None
-                if py_spy is not None:
-                    py_spy = await self._upload_py_spy(sftp, host, py_spy)
+                if spy is not None:
+                    spy = await self._upload_py_spy(sftp, host, spy)
         if repair is not None and repair.needed:
             self.say(f"{self.spec}: the agent's files on the host had been altered ({repair.summary()}); restored them")
         elif host.found not in ("dir", "missing"):
             self.say(f"{self.spec}: {host.top} on the host was not a folder; the agent was uploaded again")
-        if py_spy is not None and host.tool != "missing":
-            self.say(f"{self.spec}: {host_py_spy.where(host.top)} on the host was not the pinned py-spy; replaced it")
-        self._proc.stdin.write(agent_copy.GO)
+        if spy is not None and host.tool != "missing":
+            self.say(f"{self.spec}: {py_spy.where(host.top)} on the host was not the pinned py-spy; replaced it")
+        self._proc.stdin.write(agent_upload.GO)
         await self._ready()
 
     async def _ready(self) -> None:
@@ -213,10 +213,10 @@ class SSHTransport(Transport):
         assert self._proc is not None
         try:
             line = await asyncio.wait_for(self._proc.stdout.readline(), CONNECT_TIMEOUT_S)
-            agent_copy.parse_ready(line)
+            agent_upload.parse_ready(line)
         except asyncio.TimeoutError:
             raise TransportError(f"{self.spec}: the agent's files went unchecked for {CONNECT_TIMEOUT_S} s") from None
-        except agent_copy.Refused as exc:
+        except agent_upload.Refused as exc:
             raise self._refused(exc) from None
         except ValueError:
             with contextlib.suppress(asyncio.TimeoutError):
@@ -224,28 +224,28 @@ class SSHTransport(Transport):
                 await asyncio.wait_for(self._stderr_task or asyncio.sleep(0), timeout=1)
             raise TransportError(f"{self.spec}: the launcher did not start the agent{self._why()}") from None
 
-    def _refused(self, exc: agent_copy.Refused) -> TransportError:
+    def _refused(self, exc: agent_upload.Refused) -> TransportError:
         return TransportError(f"{self.spec}: refused to start the agent: {exc}", transient=False)
 
-    async def _py_spy_to_upload(self, host: agent_copy.HostCopy) -> Path | None:
+    async def _py_spy_to_upload(self, host: agent_upload.HostCopy) -> Path | None:
         """The py-spy to put on a host that has none of its own and not the right one uploaded; when there is
         none for it, why is said once and stack dumps there stay kernel-side."""
         if host.py_spy is not None:
             return None
         try:
-            source, digest = await host_py_spy.binary(host.machine)
-        except host_py_spy.NoPySpy as exc:
+            source, digest = await py_spy.binary(host.machine)
+        except py_spy.NoPySpy as exc:
             self._say_no_py_spy(f"the host has no py-spy and {exc}")
             return None
         return None if host.tool == digest else source
 
-    async def _upload_py_spy(self, sftp: asyncssh.SFTPClient, host: agent_copy.HostCopy, source: Path) -> Path | None:
+    async def _upload_py_spy(self, sftp: asyncssh.SFTPClient, host: agent_upload.HostCopy, source: Path) -> Path | None:
         """py-spy put on the host; when it cannot be (say, bin/ is a file), that is said once and the agent
         starts regardless, its stack dumps kernel-side. What was uploaded, or None."""
         try:
-            await host_py_spy.upload(sftp, posixpath.dirname(host.top), source, host.tool)
+            await py_spy.upload(sftp, posixpath.dirname(host.top), source, host.tool)
         except asyncssh.SFTPError as exc:
-            self._say_no_py_spy(f"py-spy could not be put in {host_py_spy.where(host.top)}: {_reason(exc)}")
+            self._say_no_py_spy(f"py-spy could not be put in {py_spy.where(host.top)}: {_reason(exc)}")
             return None
         return source
 
@@ -254,14 +254,14 @@ class SSHTransport(Transport):
             self._said_no_py_spy = True
             self.say(f"{self.spec}: {why}; stack dumps there show kernel-side facts only (install py-spy on the host)")
 
-    async def _listed(self, line: bytes) -> agent_copy.HostCopy:
+    async def _listed(self, line: bytes) -> agent_upload.HostCopy:
         """The launcher's listing, or why the launcher could not give one, said for a person."""
         assert self._proc is not None and self._stderr_task is not None
         with contextlib.suppress(ValueError):
             if line:
                 try:
-                    return agent_copy.parse_listing(line)
-                except agent_copy.Refused as exc:
+                    return agent_upload.parse_listing(line)
+                except agent_upload.Refused as exc:
                     raise self._refused(exc) from None
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(self._proc.wait_closed(), timeout=5)

@@ -1,5 +1,5 @@
 """The commands answered by one request (`status`, `stacks`, `kill`): nothing streams, so they run on either
-client, the asyncio one or the blocking one of `console.quick`, and import no event loop themselves."""
+client, the asyncio one or the blocking one of `console.cli.quick`, and import no event loop themselves."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import sys
 
 from console import render
 from console.bench_text import bench_lines
-from console.ops import AgentOps
-from console.output import EXIT_FAILED, EXIT_OK, dump, note, out
+from console.cli.output import EXIT_FAILED, EXIT_OK, dump, note, out
+from console.link.ops import AgentOps
 from console.visible import visible
 
 

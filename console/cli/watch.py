@@ -1,5 +1,5 @@
 """`watch`: each run's changes of state as timed lines (or JSON objects), across lost connections, until Ctrl-C;
-over one host, or labelled with each of several (`console.many_hosts`)."""
+over one host, or labelled with each of several (`console.cli.many_hosts`)."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ from typing import Any
 
 from backends.protocol import TERMINAL_STATES
 from console import render
-from console.client import AgentClient, reconnect_and_say
+from console.cli.output import out
 from console.errors import TransportError
-from console.output import out
+from console.link.client import AgentClient, reconnect_and_say
 
 
 async def watch_runs(

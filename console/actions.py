@@ -9,7 +9,7 @@ import os
 from typing import Any
 
 from backends.protocol import JobNode, LaunchResult, ServeNode
-from console.client import AgentClient
+from console.link.client import AgentClient
 
 
 def node_fields(node: JobNode | None) -> dict[str, Any]:

@@ -2,7 +2,7 @@
 
 A command over SSH pays for a handshake, a remote shell and an agent's start each time; a connected
 client signals in milliseconds. So the first command for a host, once its own direct connection (with
-the host key checked as always) is up, starts a detached multiplexer (`console.multiplexer`) that makes
+the host key checked as always) is up, starts a detached multiplexer (`console.link.multiplexer`) that makes
 its own connection, checked just as strictly, holds it and its running agent, and listens on a Unix
 socket in a folder only this user may enter. Later commands speak the agent protocol through that
 socket; the multiplexer exits after IDLE_S without commands, or when its link dies.
@@ -75,7 +75,7 @@ class Target:
 
     def argv(self, socket_path: Path) -> list[str]:
         """The multiplexer's command line (an argv list, never through a shell)."""
-        argv = [sys.executable, "-m", "console.multiplexer", "--socket", str(socket_path)]
+        argv = [sys.executable, "-m", "console.link.multiplexer", "--socket", str(socket_path)]
         argv += ["--remote-python", self.python] if self.python is not None else []
         argv += ["--workdir", self.workdir] if self.workdir is not None else []
         return [*argv, "--", self.spec]
@@ -184,7 +184,7 @@ def start_multiplexer(target: Target, path: Path) -> None:
     no terminal and no pipe of ours (a caller reading our output to its end is not kept waiting)."""
     env = dict(os.environ)
     # Wherever this console is imported from (a wheel, a source tree), the multiplexer imports the same.
-    root = str(Path(__file__).resolve().parent.parent)
+    root = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
     logfile = str(path.with_name(LOG_NAME))
     actions = [

@@ -1,6 +1,6 @@
 """`eagle3-console [--workdir DIR] HOST COMMAND ...`: the scriptable command line: what each command does (those
-answered by one request are in `console.one_shot`), and the one table (`COMMANDS`) that ties it to its grammar
-in `console.args`. Exit codes and messages: `console.output`.
+answered by one request are in `console.cli.one_shot`), and the one table (`COMMANDS`) that ties it to its grammar
+in `console.cli.grammar`. Exit codes and messages: `console.cli.output`.
 """
 
 from __future__ import annotations
@@ -17,20 +17,20 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from backends.protocol import JobNode, LaunchResult, MetricRow
-from console import args as grammar
-from console import config, export, job_launch, launching, many_hosts, render
-from console.args import Grammar, Parser, UsageError, split, stage_options
-from console.client import PAST_END, AgentClient, follow, log_bytes
+from console import actions, render
+from console.cli import config, export, grammar, job_launch, many_hosts
+from console.cli.grammar import Grammar, Parser, UsageError, split, stage_options
+from console.cli.one_shot import cmd_kill, cmd_stacks, cmd_status
+from console.cli.output import EXIT_FAILED, EXIT_OK, EXIT_USAGE, doctor_text, dump, failed, note, out, report
+from console.cli.watch import watch_runs
 from console.errors import AgentError, TransportError
-from console.links import links
-from console.one_shot import cmd_kill, cmd_stacks, cmd_status
-from console.output import EXIT_FAILED, EXIT_OK, EXIT_USAGE, doctor_text, dump, failed, note, out, report
-from console.transport import LocalTransport, Transport
+from console.fleet.links import links
+from console.link.client import PAST_END, AgentClient, follow, log_bytes
+from console.link.transport import LocalTransport, Transport
 from console.visible import LINES, TerminalLog, visible
-from console.watching import watch_runs
 
 if TYPE_CHECKING:
-    from console.host_keys import TrustNewKey
+    from console.link.host_keys import TrustNewKey
 
 
 def make_transport(
@@ -42,7 +42,7 @@ def make_transport(
         if ns.remote_python is not None:
             raise UsageError("--remote-python names the Python of an SSH host; 'local' runs the agent with this one")
         return LocalTransport(ns.workdir)
-    from console.ssh_transport import DEFAULT_PYTHON, SSHTransport  # asyncssh is needed only for another host
+    from console.link.ssh import DEFAULT_PYTHON, SSHTransport  # asyncssh is needed only for another host
 
     try:
         transport = SSHTransport(ns.host, ns.workdir, ns.remote_python or DEFAULT_PYTHON)
@@ -58,14 +58,14 @@ def terminal_trust(ns: argparse.Namespace) -> TrustNewKey | None:
     """Who trusts a new host key for a command: the flag, else the person at the terminal, else nobody."""
     if ns.host == "local":
         return None
-    from console import host_keys  # asyncssh is needed only to reach another host
+    from console.link import host_keys  # asyncssh is needed only to reach another host
 
     if ns.accept_new_host_key:
         return host_keys.accept_and_say
     return host_keys.ask_on_terminal if sys.stdin.isatty() and sys.stderr.isatty() else None
 
 
-# What a command does, given the client, its options and its tail (see `console.args.Grammar`); its exit code.
+# What a command does, given the client, its options and its tail (see `console.cli.grammar.Grammar`); its exit code.
 Handler = Callable[[AgentClient, argparse.Namespace, list[str]], Awaitable[int]]
 
 
@@ -88,7 +88,7 @@ async def cmd_launch(client: AgentClient, ns: argparse.Namespace, argv: list[str
         stall_after=ns.stall_after,
         metrics_from=ns.metrics_from,
         force=ns.force,
-        **launching.node_fields(launched_node(ns)),
+        **actions.node_fields(launched_node(ns)),
     )
     return report_launched(result, ns.json)
 
@@ -267,14 +267,14 @@ async def cmd_export(client: AgentClient, ns: argparse.Namespace, _: list[str]) 
 
 async def cmd_stage(client: AgentClient, ns: argparse.Namespace, stage_args: list[str]) -> int:
     """`extract`/`train`: `ns` holds the run options that `main` took out of the stage's words."""
-    code = report_launched(result := await launching.launch_stage(client, ns, stage_args), as_json=False)
+    code = report_launched(result := await actions.launch_stage(client, ns, stage_args), as_json=False)
     if code != EXIT_OK or not ns.follow:
         return code
     return await follow_metrics(client, result["run"])
 
 
 async def cmd_serve(client: AgentClient, ns: argparse.Namespace, flags: list[str]) -> int:
-    code = report_launched(result := await launching.launch_serve(client, ns, flags), as_json=False)
+    code = report_launched(result := await actions.launch_serve(client, ns, flags), as_json=False)
     if code != EXIT_OK or not ns.follow:
         return code
     return await follow_startup(client, result["run"])
@@ -371,7 +371,7 @@ class Command:
     run: Handler
 
 
-# What each command does; `--help` lists them in `console.args.GRAMMARS`' order.
+# What each command does; `--help` lists them in `console.cli.grammar.GRAMMARS`' order.
 HANDLERS: dict[str, Handler] = {
     "status": cmd_status,
     "launch": cmd_launch,
@@ -398,12 +398,12 @@ def build_parser(completing: bool = False) -> Parser:
 
 
 def command_transport(ns: argparse.Namespace) -> Transport:
-    """A command's transport: over SSH through the host's shared connection (`console.reuse`) unless
+    """A command's transport: over SSH through the host's shared connection (`console.link.reuse`) unless
     --no-reuse; the direct one, with its host key checks, when none serves yet."""
     if ns.host == "local" or ns.no_reuse:
         return make_transport(ns, terminal_trust(ns))
-    from console import reuse
-    from console.reuse_transport import ReusingTransport  # asyncssh only when a direct connection is needed
+    from console.link import reuse
+    from console.link.reuse_transport import ReusingTransport  # asyncssh only when a direct connection is needed
 
     return ReusingTransport(reuse.Target.of(ns), lambda: make_transport(ns, terminal_trust(ns)))
 
@@ -422,7 +422,7 @@ def open_console(ns: argparse.Namespace, hosts: list[str], settings: config.Conf
     """The terminal console (Textual) on HOST, or on several hosts at once (a HOST column, each link its own)."""
     if not sys.stdout.isatty():
         raise UsageError("the console needs a terminal; give a COMMAND (e.g. 'status') for scripts")
-    from console.hosts_client import HostsClient
+    from console.fleet.hosts import HostsClient
     from console.tui.app import ConsoleApp
 
     # A new host key is for the console to decide: it asks in a dialog (the app exists by then).

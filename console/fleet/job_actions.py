@@ -9,11 +9,12 @@ import argparse
 import asyncio
 
 from backends.protocol import TERMINAL_STATES, KillResult, RelaunchResult, RunInfo
-from console import jobs, render
-from console.client import AgentClient
-from console.links import Link, answer, host_json
-from console.ops import AgentOps
-from console.output import EXIT_FAILED, EXIT_OK, dump, note, out
+from console import render
+from console.cli.output import EXIT_FAILED, EXIT_OK, dump, note, out
+from console.fleet import jobs
+from console.fleet.links import Link, answer, host_json
+from console.link.client import AgentClient
+from console.link.ops import AgentOps
 
 
 async def job_runs(client: AgentClient, job: str) -> list[RunInfo]:

@@ -1,8 +1,8 @@
 """The agent's operations, typed: one method per operation of the protocol (`protocol.OPS`), its arguments by
 name, its defaults, its reply, over an untyped `request`.
 
-Two clients are built on it: `console.client.AgentClient` (asyncio: subscriptions that stream, reconnects) and
-`console.quick.BlockingClient` (one request at a time through a running multiplexer, with no event loop). So it
+Two clients are built on it: `console.link.client.AgentClient` (asyncio: subscriptions that stream, reconnects) and
+`console.cli.quick.BlockingClient` (one request at a time through a running multiplexer, with no event loop). So it
 imports no asyncio: a short command that needs no loop does not pay for importing one.
 """
 

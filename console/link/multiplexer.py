@@ -1,6 +1,6 @@
 """The multiplexer: one SSH connection and its running agent, shared by the CLI's commands for one host.
 
-Started detached by `console.reuse` (`python -m console.multiplexer --socket PATH ... -- HOST`), it
+Started detached by `console.link.reuse` (`python -m console.link.multiplexer --socket PATH ... -- HOST`), it
 connects as a command does, with the host key checked strictly (it trusts nothing new: a key is new
 only to a person, at the command that started it), starts the agent, and serves it on a Unix socket
 (mode 600, in a folder of mode 700, each peer's user id checked) to any number of commands at once.
@@ -30,10 +30,10 @@ from pathlib import Path
 
 from backends import protocol
 from backends.protocol import MAX_LINE_BYTES, REPLY_HEAD, STREAM_HEAD
-from console import reuse
 from console.errors import TransportError
-from console.ssh_transport import DEFAULT_PYTHON, SSHTransport
-from console.transport import OversizedLine
+from console.link import reuse
+from console.link.ssh import DEFAULT_PYTHON, SSHTransport
+from console.link.transport import OversizedLine
 
 SESSION_BUFFER_LIMIT = 64 * 1024 * 1024  # a command this far behind (a paused `logs -f | less`) is let go
 
@@ -280,7 +280,7 @@ async def serve(target: reuse.Target, path: Path, idle_s: float) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m console.multiplexer", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m console.link.multiplexer", description=__doc__)
     parser.add_argument("--socket", type=Path, required=True)
     parser.add_argument("--workdir")
     parser.add_argument("--remote-python")

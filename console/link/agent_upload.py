@@ -16,7 +16,7 @@ same channel, so a connection still costs one exec.
 
 The version folder also holds the agent's pure-Python dependencies (`vendor/`, from this console's own
 environment: `vendored`), under the same manifest and repair. The launcher says the host's architecture and
-whether it has a py-spy of its own, and lists WORKDIR/agent/bin/py-spy when not, so that `host_py_spy` can
+whether it has a py-spy of its own, and lists WORKDIR/agent/bin/py-spy when not, so that `py_spy` can
 put the right one there.
 """
 
@@ -37,9 +37,9 @@ from typing import Any
 import asyncssh
 
 from backends.shipped import PARTIAL
-from console import vendored
+from console.link import vendored
 
-BACKENDS = Path(__file__).resolve().parent.parent / "backends"
+BACKENDS = Path(__file__).resolve().parents[2] / "backends"
 CACHE = "__pycache__"  # in every folder of the host's copy an empty file of ours, so no bytecode can be there
 EMPTY = hashlib.sha256(b"").hexdigest()
 SHOWN_NAMES = 3  # names said per kind of change; the rest are counted

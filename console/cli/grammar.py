@@ -1,7 +1,7 @@
 """The command line's grammar: the global options, each command's words (`Grammar`), and how a command line is
 cut before argparse reads it (the run's own command after `--`, a stage's own arguments).
 
-What each command does is `console.cli`'s; it ties each grammar here to its handler, once.
+What each command does is `console.cli.commands`'s; it ties each grammar here to its handler, once.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Literal, NoReturn
 
 import backends
 from backends.protocol import MIN_INTERVAL_S, RUN_KINDS, SIGNAL_NAMES, parse_source
-from console import config
+from console.cli import config
 
 # The global options that take a value: the word after each is not HOST.
 VALUED_OPTIONS = ("--workdir", "--remote-python", "--timeout")

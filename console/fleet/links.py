@@ -1,5 +1,5 @@
-"""One connection per host for the commands that span several (`console.many_hosts`, `console.job_launch`,
-`console.job_actions`): each host with its own settings, its own client, and the error that kept it out.
+"""One connection per host for the commands that span several (`console.cli.many_hosts`, `console.cli.job_launch`,
+`console.fleet.job_actions`): each host with its own settings, its own client, and the error that kept it out.
 """
 
 from __future__ import annotations
@@ -10,12 +10,12 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from console import config
-from console.client import AgentClient
-from console.deadlines import NoAnswer
+from console.cli import config
+from console.cli.output import note
 from console.errors import AgentError, TransportError
-from console.output import note
-from console.transport import Transport
+from console.link.client import AgentClient
+from console.link.deadlines import NoAnswer
+from console.link.transport import Transport
 
 TransportFor = Callable[[argparse.Namespace], Transport]  # a host's transport, given its options
 

@@ -1,4 +1,4 @@
-"""The CLI's transport over SSH through the host's shared connection (`console.reuse`), on asyncio: a running
+"""The CLI's transport over SSH through the host's shared connection (`console.link.reuse`), on asyncio: a running
 multiplexer's socket when there is one, else a direct connection that then starts one."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from backends.protocol import MAX_LINE_BYTES
-from console import reuse
 from console.errors import TransportError
-from console.transport import Transport, stream_piece, whole_line
+from console.link import reuse
+from console.link.transport import Transport, stream_piece, whole_line
 
 
 class MultiplexedTransport(Transport):
