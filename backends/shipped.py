@@ -11,7 +11,7 @@
 - `WORKDIR/agent/bin/py-spy`: py-spy for the host's architecture, uploaded when the host has none, so a
   stalled run's stack dump shows Python frames (`uploaded_py_spy`). It outlives the version folders.
 
-The launcher (`console.agent_copy`) verifies the version folder before anything is imported and hands the agent
+The launcher (`console.link.agent_upload`) verifies the version folder before anything is imported and hands the agent
 what it verified (`adopt`): each file's SHA-256 and each entry's stat facts. A run's supervisor imports that
 code anew, long after the connection's check, so `check_unchanged` is asked before one starts: a stat of each
 entry, and the SHA-256 only of what moved.
