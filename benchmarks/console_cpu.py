@@ -26,6 +26,7 @@ from pathlib import Path
 
 from benchmarks._common import cpu_seconds, print_table
 from benchmarks.chart_redraw import plotext_redraw
+from console.fleet.hosts import Fleet
 from console.link.client import AgentClient
 from console.link.transport import LocalTransport
 from console.tui.app import ConsoleApp
@@ -78,7 +79,7 @@ async def measure(
 
     MetricChart.draw = counted  # type: ignore[method-assign,assignment]
     transport = LocalTransport(workdir)
-    app = ConsoleApp(transport)
+    app = ConsoleApp(Fleet.one(transport))
     longest_gap, last_tick = 0.0, time.monotonic()
 
     def tick() -> None:

@@ -23,9 +23,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from backends.shipped import PARTIAL
-from console.errors import AgentError
 from console.link.agent_upload import CACHE, backends_version, launch_command, sources
 from console.link.client import AgentClient
+from console.link.ops import AgentError
 from console.link.ssh import SSHTransport
 from tests.sshd import ALIAS, Sshd
 from tests.test_ssh import console

@@ -27,8 +27,9 @@ from hypothesis import strategies as st
 from backends.bench.cli import figures, load_prompts, percentiles
 from backends.bench.stream import BenchError, Chunk, Outcome, SSEDecoder, parse_chunk
 from backends.runs.store import RunDir
-from console.bench_text import bench_lines
+from console.fleet.hosts import Fleet
 from console.link.transport import LocalTransport
+from console.render import bench_lines
 from console.tui.app import ConsoleApp
 from console.tui.panels import RunDetail, RunsTable
 from tests.conftest import CLI, free_port, launch, until, wait_for, wait_state
@@ -311,7 +312,7 @@ async def test_the_console_shows_a_serve_runs_latest_bench_results_in_its_detail
     run_id, _port = serve_standin(cli, "--accept-len", "2.5")
     for requests in ("2", "3", "4", "5"):
         assert cli("bench", run_id, "--requests", requests, "--max-tokens", "10", timeout=90).returncode == 0
-    app = ConsoleApp(LocalTransport(workdir))
+    app = ConsoleApp(Fleet.one(LocalTransport(workdir)))
     async with app.run_test(size=(160, 50)) as pilot:
         table = app.query_one(RunsTable)
         await until(pilot, lambda: run_id in [run["id"] for run in table.runs], what="the serve run")

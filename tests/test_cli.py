@@ -66,8 +66,9 @@ def test_the_local_host_needs_no_ssh_library(workdir: Path, nvml_state: Path) ->
     # A GPU host runs `local` commands (benchmarks, scripts) where asyncssh is not installed.
     script = (
         "import sys; sys.modules['asyncssh'] = None\n"  # any import of it now fails
-        "from console.cli.commands import main\n"
-        f"sys.exit(main(['--workdir', {str(workdir)!r}, 'local', 'status']))\n"
+        f"sys.argv[1:] = ['--workdir', {str(workdir)!r}, 'local', 'status']\n"
+        "from console.__main__ import main\n"
+        "sys.exit(main())\n"
     )
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == 0, done.stderr
@@ -389,5 +390,6 @@ def test_status_and_kill_over_ssh_start_without_an_event_loop_the_serving_engine
         assert modules_after(f"from console.cli import quick\nassert quick.answer({words!r}) is None", tmp_path) == []
     # ... which serve does load, when it builds the server's command line.
     parsed = "commands.build_parser().parse_args(['h', 'serve', 'T', 'D'])"
-    serve = f"from console import actions\nfrom console.cli import commands\nactions.serve_argv({parsed}, [])"
+    serve = "from console import actions\nfrom console.cli import commands\n"
+    serve += f"actions.serve_argv(commands.launched({parsed}, []))"
     assert "backends.serving" in modules_after(serve, tmp_path)

@@ -11,8 +11,8 @@ import pytest
 
 from backends import protocol, serving
 from backends.agent import Agent
-from console.errors import AgentError, TransportError
 from console.link.client import AgentClient
+from console.link.ops import AgentError, TransportError
 from console.link.transport import LocalTransport
 
 # A value of each accepted type, for the required arguments.

@@ -26,6 +26,7 @@ from hypothesis import strategies as st
 
 from backends import serving
 from backends.runs import failure_reason
+from console.fleet.hosts import Fleet
 from console.link.client import AgentClient
 from console.link.transport import LocalTransport
 from console.tui.app import ConsoleApp
@@ -282,7 +283,7 @@ def test_train_extract_and_serve_follow_end_with_why(
 async def test_the_consoles_notification_and_detail_panel_say_why(workdir: Path, nvml_state: Path) -> None:
     notes = Notes()
 
-    app = ConsoleApp(LocalTransport(workdir))
+    app = ConsoleApp(Fleet.one(LocalTransport(workdir)))
     async with app.run_test(size=(160, 50), message_hook=notes) as pilot:
         await until(pilot, lambda: app.states is not None, what="the first poll")
         script = "import sys, time\ntime.sleep(3)\nsys.exit('error: the loss became nan by step 5: lower --lr')"

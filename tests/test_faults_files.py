@@ -18,8 +18,9 @@ from typing import Any
 import pytest
 
 from backends.runs.store import RunSpec, RunStore
-from console.errors import AgentError, TransportError
+from console.fleet.hosts import Fleet
 from console.link.client import AgentClient, Subscription
+from console.link.ops import AgentError, TransportError
 from console.link.transport import LocalTransport
 from console.tui.app import ConsoleApp
 from console.tui.panels import RunDetail, RunsTable
@@ -79,7 +80,7 @@ def test_one_damaged_file_makes_only_its_run_corrupt_and_says_which_and_why(cli:
 async def test_the_console_shows_a_corrupt_run_and_why(workdir: Path, nvml_state: Path) -> None:
     run = RunStore(workdir).create(RunSpec(kind="command", argv=["true"], name="broken"))
     (run.path / "spec.json").write_text(DEEP)
-    app = ConsoleApp(LocalTransport(workdir))
+    app = ConsoleApp(Fleet.one(LocalTransport(workdir)))
     async with app.run_test(size=(160, 50)) as pilot:
         table = app.query_one(RunsTable)
         await until(pilot, lambda: table.row_count == 1, what="the run's row")
@@ -263,8 +264,9 @@ def small_reply_cli(workdir: Path, *args: str, timeout: float = 60) -> subproces
         "import sys\n"
         "import console.link.transport\n"
         "console.link.transport.MAX_LINE_BYTES = 64 * 1024\n"
-        "from console.cli.commands import main\n"
-        f"sys.exit(main(['--workdir', {str(workdir)!r}, 'local', *sys.argv[1:]]))\n"
+        f"sys.argv[1:] = ['--workdir', {str(workdir)!r}, 'local', *sys.argv[1:]]\n"
+        "from console.__main__ import main\n"
+        "sys.exit(main())\n"
     )
     return subprocess.run(
         [sys.executable, "-c", script, *args], capture_output=True, timeout=timeout, check=False, cwd=REPO

@@ -20,9 +20,10 @@ from hypothesis import strategies as st
 from backends.protocol import MIN_INTERVAL_S, ProtocolError, parse_request, request_line
 from backends.runs.store import RunSpec, SpecError
 from console import render
-from console.cli.watch import watch_lines
-from console.errors import AgentError
+from console.cli.fleet_commands import watch_lines
+from console.fleet.hosts import Fleet
 from console.link.client import AgentClient
+from console.link.ops import AgentError
 from console.link.transport import LocalTransport
 from console.tui.app import ConsoleApp
 from console.tui.panels import RunDetail, RunsTable, detail_text, run_row
@@ -209,7 +210,7 @@ def test_the_status_table_shows_a_hostile_name_and_command_escaped(cli: CLI) -> 
 async def test_the_console_shows_a_hostile_name_escaped_and_not_as_markup(workdir: Path, nvml_state: Path) -> None:
     async with AgentClient(LocalTransport(workdir)) as client:
         run_id = (await client.request("launch", kind="command", argv=[sys.executable, "-c", "pass"], name=NAME))["run"]
-    app = ConsoleApp(LocalTransport(workdir))
+    app = ConsoleApp(Fleet.one(LocalTransport(workdir)))
     async with app.run_test(size=(160, 50)) as pilot:
         table = app.query_one(RunsTable)
         await until(pilot, lambda: table.row_count == 1, what="the run's row")

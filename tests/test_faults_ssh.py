@@ -153,6 +153,7 @@ def test_two_consoles_repairing_at_once_both_start_and_leave_one_whole_copy(sshd
 def test_the_console_says_when_it_repaired_the_agent_copy(
     sshd: Sshd, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    from console.__main__ import open_console
     from console.cli import commands, config, output
     from console.tui.app import ConsoleApp
 
@@ -170,7 +171,7 @@ def test_the_console_says_when_it_repaired_the_agent_copy(
 
     monkeypatch.setattr(ConsoleApp, "run", lambda app: asyncio.run(shown(app)))
     ns = commands.build_parser().parse_args(["--workdir", str(workdir), ALIAS])
-    assert commands.open_console(ns, [ALIAS], config.Config(workdir / "config.toml")) == output.EXIT_OK
+    assert open_console(ns, [ALIAS], config.Config(workdir / "config.toml"), named=False) == output.EXIT_OK
     [note] = notes
     assert note.severity == "warning" and "removed: backends/evil.py" in note.message
 

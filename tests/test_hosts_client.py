@@ -10,10 +10,10 @@ from typing import cast
 
 import pytest
 
-from console.errors import AgentError, TransportError
-from console.fleet.hosts import HostsClient, HostsStatus
+from console.fleet.hosts import Fleet, HostsStatus
 from console.fleet.names import split
 from console.link.client import AgentClient
+from console.link.ops import AgentError, TransportError
 from console.link.transport import LocalTransport
 
 SLEEPER = "import time; time.sleep(60)"
@@ -22,7 +22,7 @@ SLEEPER = "import time; time.sleep(60)"
 async def test_two_hosts_answer_as_one_each_run_named_by_its_host_and_a_host_down_said(tmp_path: Path) -> None:
     down = tmp_path / "not-a-folder"
     down.write_text("a file where the run store should be: this host's agent cannot start")
-    hosts = HostsClient({"a": AgentClient(LocalTransport(tmp_path / "a")), "b": AgentClient(LocalTransport(down))})
+    hosts = Fleet.of({"a": AgentClient(LocalTransport(tmp_path / "a")), "b": AgentClient(LocalTransport(down))})
     try:
         said: list[str] = []
         await hosts.reconnect_until_back(lambda exc: said.append(str(exc)))
@@ -47,7 +47,7 @@ async def test_two_hosts_answer_as_one_each_run_named_by_its_host_and_a_host_dow
 
 
 async def test_a_relaunch_comes_back_named_by_its_host(tmp_path: Path) -> None:
-    hosts = HostsClient({name: AgentClient(LocalTransport(tmp_path / name)) for name in ("a", "b")})
+    hosts = Fleet.of({name: AgentClient(LocalTransport(tmp_path / name)) for name in ("a", "b")})
     try:
         await hosts.reconnect_until_back(lambda exc: None)
         started = await hosts.clients["b"].launch("command", [sys.executable, "-c", SLEEPER], name="s")

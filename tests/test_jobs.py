@@ -4,7 +4,6 @@ real sshd hosts is in test_many_hosts."""
 
 from __future__ import annotations
 
-import argparse
 import copy
 import json
 import signal
@@ -21,7 +20,7 @@ from backends.protocol import OPS, RunInfo, StalledProcess
 from backends.runs import job, stalled
 from backends.runs.control import OpError, checked_spec
 from backends.runs.store import RunSpec, SpecError
-from console.cli.job_launch import job_id
+from console.actions import job_id
 from console.fleet import jobs
 from tests.conftest import CLI
 
@@ -209,5 +208,5 @@ def test_runs_of_one_node_are_no_job() -> None:
 
 @given(st.text(max_size=80))
 def test_any_name_makes_a_job_id_the_agents_take(name: str) -> None:
-    made = job_id(argparse.Namespace(name=name or None, command="train"))
+    made = job_id(name or None, "train")
     assert job.JOB_ID.fullmatch(made), made

@@ -35,10 +35,9 @@ from backends import protocol
 from backends.protocol import FRAME_BYTES, MAX_LINE_BYTES
 from backends.runs.store import RunSpec, RunStore
 from console.cli import quick
-from console.errors import AgentError
 from console.link.client import LOGS_AHEAD, PAST_END, AgentClient, log_bytes
 from console.link.multiplexer import Multiplexer, Session
-from console.link.ops import AgentOps
+from console.link.ops import AgentError, AgentOps
 from console.link.ssh import SSHTransport
 from console.link.transport import HEAD_BYTES, LocalTransport, OversizedLine, Transport, stream_piece, whole_line
 from tests.conftest import REPO, wait_for

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from backends.runs.store import RunDir
-from console.errors import AgentError
 from console.link.client import AgentClient
+from console.link.ops import AgentError
 from tests.conftest import CLI
 from tests.draft_fixtures import HIDDEN, good_draft, write_target
 

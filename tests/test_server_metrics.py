@@ -24,8 +24,8 @@ from backends.runs import watch
 from backends.runs.store import RunDir, RunSpec
 from backends.sglang import server_metrics
 from backends.sglang.server_metrics import ServerMetrics, quantile
-from console.actions import serve_argv
-from console.cli.commands import build_parser
+from console.actions import Serve, serve_argv
+from console.cli.commands import build_parser, launched
 from tests.conftest import CLI, REPO, free_port, launch, wait_for, wait_state
 from tests.standin_metrics import ITL_S, TTFT_S, StandinMetrics
 
@@ -140,16 +140,18 @@ def test_the_metrics_endpoint_is_beside_the_health_url_when_the_command_turns_it
     assert server_metrics.metrics_url(["--enable-metrics"], "unix:/x") is None
 
 
-def serve_command(*args: str) -> list[str]:
+def serve_command(*args: str, flags: tuple[str, ...] = ()) -> list[str]:
+    """The server's command line that `serve T D ARGS [-- FLAGS]` builds, through the CLI's own reading of it."""
     ns = build_parser().parse_args(["local", "serve", "T", "D", *args])
-    return serve_argv(ns, [])
+    serve = launched(ns, list(flags))
+    assert isinstance(serve, Serve)
+    return serve_argv(serve)
 
 
 def test_serve_turns_sglangs_metrics_on_unless_told_not_to() -> None:
     assert serve_command().count("--enable-metrics") == 1
     assert "--enable-metrics" not in serve_command("--no-metrics")
-    ns = build_parser().parse_args(["local", "serve", "T", "D"])
-    assert serve_argv(ns, ["--enable-metrics"]).count("--enable-metrics") == 1  # the user's own is not doubled
+    assert serve_command(flags=("--enable-metrics",)).count("--enable-metrics") == 1  # the user's own is not doubled
 
 
 def metric_rows(cli: CLI, run_id: str) -> list[dict[str, Any]]:

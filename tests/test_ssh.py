@@ -22,8 +22,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from console.errors import TransportError
+from console.fleet.hosts import Fleet
 from console.link.agent_upload import backends_version
+from console.link.ops import TransportError
 from console.link.ssh import parse_host
 from tests.conftest import REPO, free_port, until, wait_for
 from tests.sshd import ALIAS, Sshd, keygen
@@ -282,7 +283,7 @@ async def test_the_console_leaves_with_the_reason_when_the_host_key_is_refused(
 
     monkeypatch.setenv("HOME", str(sshd.client_home(tmp_path / "home", known_hosts="")))
     monkeypatch.delenv("SSH_AUTH_SOCK", raising=False)
-    app = ConsoleApp(SSHTransport(ALIAS, tmp_path / "work"))
+    app = ConsoleApp(Fleet.one(SSHTransport(ALIAS, tmp_path / "work")))
     async with app.run_test() as pilot:
         await until(pilot, lambda: app.return_code == 1, what="the console to leave")
     assert app.return_code == 1
@@ -300,7 +301,7 @@ async def test_the_console_asks_before_it_trusts_a_new_host_key(
     monkeypatch.setenv("HOME", str(home))
     monkeypatch.delenv("SSH_AUTH_SOCK", raising=False)
     transport = SSHTransport(ALIAS, tmp_path / "work")
-    app = ConsoleApp(transport)
+    app = ConsoleApp(Fleet.one(transport))
     transport.trust_new_key = app.trust_new_key
     async with app.run_test(size=(160, 50)) as pilot:
         # The dialog takes its focus once mounted, a frame after it is the screen.
@@ -325,7 +326,7 @@ async def test_the_console_over_ssh_shows_the_hosts_runs(
     run_id = launched.stdout.strip()
     monkeypatch.setenv("HOME", str(sshd.home))
     monkeypatch.delenv("SSH_AUTH_SOCK", raising=False)
-    app = ConsoleApp(SSHTransport(ALIAS, workdir))
+    app = ConsoleApp(Fleet.one(SSHTransport(ALIAS, workdir)))
     async with app.run_test(size=(160, 50)) as pilot:
         await until(pilot, lambda: app.query_one(RunsTable).selected_run() == run_id, what="the host's run")
         assert app.sub_title.startswith(f"{ALIAS}  ·  ") and app.runs[run_id]["name"] == "on-host"

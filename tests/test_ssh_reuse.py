@@ -160,7 +160,7 @@ def test_a_second_command_goes_through_the_first_ones_connection_and_agent(place
 
 def without_an_event_loop(place: Place, *args: str) -> subprocess.CompletedProcess[str]:
     """The command as `eagle3-console` runs it, in a Python where importing asyncio fails."""
-    script = "import sys\nsys.modules['asyncio'] = None\nfrom console.main import main\nsys.exit(main())"
+    script = "import sys\nsys.modules['asyncio'] = None\nfrom console.__main__ import main\nsys.exit(main())"
     argv = [sys.executable, "-c", script, "--workdir", str(place.workdir), ALIAS, *args]
     return subprocess.run(argv, cwd=REPO, env=place.env(), capture_output=True, text=True, timeout=60, check=False)
 

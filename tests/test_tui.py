@@ -13,6 +13,7 @@ from textual.pilot import Pilot
 from textual.widgets import Static
 
 from backends.host import procinfo
+from console.fleet.hosts import Fleet
 from console.link.client import AgentClient
 from console.link.transport import LocalTransport
 from console.tui.app import ConsoleApp
@@ -46,7 +47,7 @@ async def console_on(
     transport: LocalTransport, run_id: str, readonly: bool = False
 ) -> AsyncIterator[tuple[ConsoleApp, Pilot[None]]]:
     """The console open at 160 x 50 with `run_id` shown and selected; quit with q at the end."""
-    app = ConsoleApp(transport, readonly=readonly)
+    app = ConsoleApp(Fleet.one(transport), readonly=readonly)
     async with app.run_test(size=(160, 50)) as pilot:
         await until(pilot, lambda: app.query_one(RunsTable).selected_run() == run_id, what="the run")
         yield app, pilot
@@ -64,7 +65,7 @@ async def test_runs_gpus_details_log_and_curves_appear(workdir: Path, nvml_state
     pid = procinfo.ProcIdentity.from_json(json.loads((workdir / "runs" / run_id / "proc.json").read_text())["child"])
     assert pid is not None
     write_state(nvml_state, [gpu(util=87, processes=[(pid.pid, 5000)])])
-    app = ConsoleApp(LocalTransport(workdir))
+    app = ConsoleApp(Fleet.one(LocalTransport(workdir)))
     async with app.run_test(size=(160, 50)) as pilot:
         table = app.query_one(RunsTable)
         await until(pilot, lambda: table.row_count == 1, what="the run's row")
@@ -86,7 +87,7 @@ async def test_a_run_that_changes_state_says_so_wherever_the_cursor_is(workdir: 
     done = await launch(workdir, [sys.executable, "-c", "print('done')"], name="earlier")
     notes = Notes()
 
-    app = ConsoleApp(LocalTransport(workdir))
+    app = ConsoleApp(Fleet.one(LocalTransport(workdir)))
     async with app.run_test(size=(160, 50), message_hook=notes) as pilot:
         table = app.query_one(RunsTable)
         await until(pilot, lambda: table.row_count == 1 and app.runs[done]["state"] == "exited", what="the runs")
@@ -165,7 +166,7 @@ async def test_a_lost_agent_shows_a_banner_and_the_console_recovers(workdir: Pat
 
 @pytest.mark.parametrize("theme", ["eagle3-night", "eagle3-day"])
 async def test_each_theme_renders_the_console(workdir: Path, nvml_state: Path, theme: str) -> None:
-    app = ConsoleApp(LocalTransport(workdir))
+    app = ConsoleApp(Fleet.one(LocalTransport(workdir)))
     async with app.run_test(size=(120, 40)) as pilot:
         app.theme = theme
         await pilot.pause(0.5)
@@ -220,7 +221,7 @@ async def test_a_progress_bar_being_redrawn_shows_under_the_log(workdir: Path, n
 async def test_the_command_palette_finds_a_run_by_name(workdir: Path, nvml_state: Path) -> None:
     first = await launch(workdir, [sys.executable, "-c", SLEEPER], name="extract-wiki")
     await launch(workdir, [sys.executable, "-c", SLEEPER], name="serve-draft")
-    app = ConsoleApp(LocalTransport(workdir))
+    app = ConsoleApp(Fleet.one(LocalTransport(workdir)))
     async with app.run_test(size=(160, 50)) as pilot:
         table = app.query_one(RunsTable)
         await until(pilot, lambda: table.row_count == 2, what="both runs")

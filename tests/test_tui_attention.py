@@ -13,6 +13,7 @@ from rich.text import Text
 from textual.notifications import Notification
 from textual.pilot import Pilot
 
+from console.fleet.hosts import Fleet
 from console.link.client import AgentClient
 from console.link.transport import LocalTransport
 from console.tui.app import ConsoleApp
@@ -38,7 +39,7 @@ async def console(
 ) -> AsyncIterator[tuple[ConsoleApp, Pilot[None], list[Notification]]]:
     notes = Notes()
 
-    app = ConsoleApp(LocalTransport(workdir))
+    app = ConsoleApp(Fleet.one(LocalTransport(workdir)))
     async with app.run_test(size=size, message_hook=notes) as pilot:
         yield app, pilot, notes
         await pilot.press("q")

@@ -8,6 +8,7 @@ import asyncio
 import sys
 from pathlib import Path
 
+from console.fleet.hosts import Fleet
 from console.link.client import AgentClient
 from console.link.transport import LocalTransport
 from console.tui.app import ConsoleApp
@@ -67,7 +68,7 @@ async def test_a_training_keeps_every_point_across_evals_with_its_spike_nan_and_
     run_id = await launch(workdir, [sys.executable, "-c", TRAINER])
     notes = Notes()
 
-    app = ConsoleApp(LocalTransport(workdir))
+    app = ConsoleApp(Fleet.one(LocalTransport(workdir)))
     async with app.run_test(size=(160, 48), message_hook=notes) as pilot:
         await until(pilot, lambda: app.query_one(RunsTable).selected_run() == run_id, what="the run")
         loss, acc = app.query_one(ChartsPanel).charts
@@ -114,7 +115,7 @@ async def test_a_relaunch_draws_its_parents_curve_under_its_own(workdir: Path, n
     async with AgentClient(LocalTransport(workdir)) as client:
         await until_rows(workdir, parent)
         child = (await client.relaunch(parent, set=["--scale=2"], grace=2.0))["run"]
-    app = ConsoleApp(LocalTransport(workdir))
+    app = ConsoleApp(Fleet.one(LocalTransport(workdir)))
     async with app.run_test(size=(160, 48)) as pilot:
         table = app.query_one(RunsTable)
         await until(pilot, lambda: table.row_count == 2, what="both runs")
@@ -164,7 +165,7 @@ async def test_a_command_runs_charts_show_what_it_writes_or_say_how_it_could(wor
     async with AgentClient(LocalTransport(workdir)) as client:
         silent = (await client.launch("command", [sys.executable, "-c", "import time; time.sleep(120)"]))["run"]
         writing = (await client.launch("command", [sys.executable, "-c", writer], name="rl"))["run"]
-    app = ConsoleApp(LocalTransport(workdir))
+    app = ConsoleApp(Fleet.one(LocalTransport(workdir)))
     async with app.run_test(size=(160, 48)) as pilot:
         await until(pilot, lambda: app.query_one(RunsTable).row_count == 2, what="both runs")
         charts = app.query_one(ChartsPanel).charts
@@ -197,7 +198,7 @@ async def test_a_relaunch_with_no_rows_yet_reads_its_parents_time_axis_as_time(w
                 break
             await asyncio.sleep(0.1)
         child = (await client.relaunch(parent, set=["--again"], grace=2.0))["run"]
-    app = ConsoleApp(LocalTransport(workdir))
+    app = ConsoleApp(Fleet.one(LocalTransport(workdir)))
     async with app.run_test(size=(160, 48)) as pilot:
         await until(pilot, lambda: app.query_one(RunsTable).row_count == 2, what="both runs")
         app.select_run(child)

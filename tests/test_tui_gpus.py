@@ -15,6 +15,7 @@ from rich.text import Text
 from textual.app import App, ComposeResult
 
 from backends.protocol import GpuInfo, GpuProcess, RunInfo, StatusResult
+from console.fleet.hosts import Fleet
 from console.link.transport import LocalTransport
 from console.tui.app import ConsoleApp
 from console.tui.gpu_panel import MARK, MAX_SAMPLES, WINDOW_S, GpuHistory, GpuPanel, Selection, gpu_text
@@ -219,7 +220,7 @@ async def test_a_host_without_gpus_says_why() -> None:
 async def test_the_console_draws_each_polls_load_into_the_gpus_history(workdir: Path, nvml_state: Path) -> None:
     """Real: the console, the agent and its status polls; the double: NVML, whose GPU goes from idle to busy."""
     write_state(nvml_state, [gpu(util=0)])
-    app = ConsoleApp(LocalTransport(workdir))
+    app = ConsoleApp(Fleet.one(LocalTransport(workdir)))
     async with app.run_test(size=(160, 50)) as pilot:
         panel = app.query_one(GpuPanel)
 

@@ -26,6 +26,7 @@ from backends.fileio import append_jsonl, atomic_write_json
 from backends.protocol import Diagnosis, MetricRow
 from backends.runs.store import EVENTS, EXIT, METRICS, OUTPUT, SPEC, WATCH, RunSpec
 from backends.runs.watch import Watch
+from console.fleet.hosts import Fleet
 from console.link.transport import LocalTransport
 from console.tui import gpu_panel
 from console.tui.app import ConsoleApp
@@ -241,7 +242,7 @@ def console_app(workdir: Path, nvml_state: Path, monkeypatch: pytest.MonkeyPatch
     # many polls came before the picture was taken.
     monkeypatch.setattr(gpu_panel, "time", SimpleNamespace(monotonic=lambda: 1000.0))
     write_store(workdir)
-    return ConsoleApp(LocalTransport(workdir))
+    return ConsoleApp(Fleet.one(LocalTransport(workdir)))
 
 
 @pytest.mark.parametrize("size", SIZES, ids=[f"{w}x{h}" for w, h in SIZES])

@@ -1,6 +1,8 @@
-"""`eagle3-console [--workdir DIR] HOST COMMAND ...`: the scriptable command line: what each command does (those
-answered by one request are in `console.cli.one_shot`), and the one table (`COMMANDS`) that ties it to its grammar
-in `console.cli.grammar`. Exit codes and messages: `console.cli.output`.
+"""`eagle3-console [--workdir DIR] HOST COMMAND ...`: the scriptable command line: what each command of one host
+does (those answered by one request are in `console.cli.one_shot`; those that work on one host or several alike in
+`console.cli.fleet_commands`), and the one table (`COMMANDS`) that ties each to its grammar in
+`console.cli.grammar`. Every command runs over the fleet of the hosts it names (`console.fleet.hosts`), a fleet of
+one for a host given alone. Exit codes and messages: `console.cli.output`.
 """
 
 from __future__ import annotations
@@ -14,58 +16,30 @@ import os
 import sys
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
-from backends.protocol import JobNode, LaunchResult, MetricRow
+from backends.protocol import JobNode, MetricRow
 from console import actions, render
-from console.cli import config, export, grammar, job_launch, many_hosts
+from console.cli import config, connect, export, fleet_commands, grammar
+from console.cli.fleet_commands import FleetHandler, report_launched
 from console.cli.grammar import Grammar, Parser, UsageError, split, stage_options
-from console.cli.one_shot import cmd_kill, cmd_stacks, cmd_status
-from console.cli.output import EXIT_FAILED, EXIT_OK, EXIT_USAGE, doctor_text, dump, failed, note, out, report
-from console.cli.watch import watch_runs
-from console.errors import AgentError, TransportError
-from console.fleet.links import links
+from console.cli.one_shot import cmd_stacks
+from console.cli.output import (
+    EXIT_FAILED,
+    EXIT_OK,
+    EXIT_USAGE,
+    doctor_text,
+    dump,
+    failed,
+    note,
+    out,
+)
+from console.fleet.hosts import Fleet
 from console.link.client import PAST_END, AgentClient, follow, log_bytes
-from console.link.transport import LocalTransport, Transport
+from console.link.ops import AgentError, TransportError
 from console.visible import LINES, TerminalLog, visible
 
-if TYPE_CHECKING:
-    from console.link.host_keys import TrustNewKey
-
-
-def make_transport(
-    ns: argparse.Namespace, trust_new_key: TrustNewKey | None = None, say: Callable[[str], None] | None = None
-) -> Transport:
-    """`trust_new_key` decides on a host key seen for the first time; None refuses it. `say` tells the person
-    what the transport put right on the host (a repaired copy of the agent); None: a line on stderr."""
-    if ns.host == "local":
-        if ns.remote_python is not None:
-            raise UsageError("--remote-python names the Python of an SSH host; 'local' runs the agent with this one")
-        return LocalTransport(ns.workdir)
-    from console.link.ssh import DEFAULT_PYTHON, SSHTransport  # asyncssh is needed only for another host
-
-    try:
-        transport = SSHTransport(ns.host, ns.workdir, ns.remote_python or DEFAULT_PYTHON)
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
-    transport.trust_new_key = trust_new_key
-    if say is not None:
-        transport.say = say
-    return transport
-
-
-def terminal_trust(ns: argparse.Namespace) -> TrustNewKey | None:
-    """Who trusts a new host key for a command: the flag, else the person at the terminal, else nobody."""
-    if ns.host == "local":
-        return None
-    from console.link import host_keys  # asyncssh is needed only to reach another host
-
-    if ns.accept_new_host_key:
-        return host_keys.accept_and_say
-    return host_keys.ask_on_terminal if sys.stdin.isatty() and sys.stderr.isatty() else None
-
-
-# What a command does, given the client, its options and its tail (see `console.cli.grammar.Grammar`); its exit code.
+# What a command of one host does, given its client, its options and its tail (see `console.cli.grammar.Grammar`);
+# its exit code. A command that works on several hosts alike takes the fleet (`fleet_commands.FleetHandler`).
 Handler = Callable[[AgentClient, argparse.Namespace, list[str]], Awaitable[int]]
 
 
@@ -103,61 +77,6 @@ def launched_node(ns: argparse.Namespace) -> JobNode | None:
     if not 0 <= ns.node_rank < ns.nnodes:
         raise UsageError(f"--node-rank is 0 to {ns.nnodes - 1} for --nnodes {ns.nnodes}")
     return {"id": ns.job, "node_rank": ns.node_rank, "nnodes": ns.nnodes}
-
-
-def report_launched(result: LaunchResult, as_json: bool) -> int:
-    """Print a new run's id (or the whole reply as JSON); fail when it could not start."""
-    verdict, flags = result.get("doctor"), result.get("flags")
-    if flags and not as_json:
-        report(render.flags_text(flags))
-    if verdict and verdict["findings"] and not as_json:
-        report(doctor_text(verdict))
-    if as_json:
-        dump(result)
-    else:
-        out(result["run"])
-    if result.get("error"):
-        note(f"run {result['run']} failed to start: {result['error']}")
-        return EXIT_FAILED
-    return EXIT_OK
-
-
-async def cmd_relaunch(client: AgentClient, ns: argparse.Namespace, _: list[str]) -> int:
-    change = {"set": ns.sets, "unset": ns.unsets, "grace": ns.grace, "force": ns.force}
-    if ns.dry_run:
-        preview = await client.relaunch(ns.run, **change, dry_run=True)
-        dump(preview) if ns.json else out(render.relaunch_preview(preview))
-        return EXIT_OK
-    result = await client.relaunch(ns.run, **change)
-    if result["stopped_parent"] and not ns.json:
-        out(render.kill_text(result["stopped_parent"]))
-    return report_launched(result, ns.json)
-
-
-async def cmd_free_gpus(client: AgentClient, ns: argparse.Namespace, _: list[str]) -> int:
-    plan = await client.free_gpus(gpus=ns.gpus, dry_run=True)
-    victims = [p for g in plan["gpus"] for p in g["processes"] if p["action"] == "kill"]
-    if ns.dry_run or not victims:
-        dump(plan) if ns.json else out(render.free_text(plan))
-        return EXIT_OK
-    if not ns.yes:
-        if not sys.stdin.isatty():
-            raise UsageError("free-gpus would kill processes: add --yes, or --dry-run to see the plan")
-        out(render.free_text(plan))
-        answer = input(f"Kill {len(victims)} process(es)? [y/N] ").strip().lower()
-        if answer not in ("y", "yes"):
-            out("nothing done")
-            return EXIT_OK
-    result = await client.free_gpus(gpus=ns.gpus, dry_run=False, timeout=ns.timeout)
-    dump(result) if ns.json else out(render.free_text(result))
-    held = [p for g in result["gpus"] for p in g["processes"] if p["action"] == "survived"]
-    return EXIT_FAILED if held else EXIT_OK
-
-
-async def cmd_watch(client: AgentClient, ns: argparse.Namespace, _: list[str]) -> int:
-    """Each run's changes of state, one timed line each, across lost connections, until Ctrl-C."""
-    await watch_runs(client, ns, note)
-    return EXIT_OK
 
 
 async def cmd_logs(client: AgentClient, ns: argparse.Namespace, _: list[str]) -> int:
@@ -265,24 +184,54 @@ async def cmd_export(client: AgentClient, ns: argparse.Namespace, _: list[str]) 
     return EXIT_OK
 
 
-async def cmd_stage(client: AgentClient, ns: argparse.Namespace, stage_args: list[str]) -> int:
-    """`extract`/`train`: `ns` holds the run options that `main` took out of the stage's words."""
-    code = report_launched(result := await actions.launch_stage(client, ns, stage_args), as_json=False)
+def launched(ns: argparse.Namespace, tail: list[str]) -> actions.Launch:
+    """What `extract`/`train` (`ns` holding the run options that `main` took out of the stage's words, `tail` the
+    stage's own) or `serve` (`tail` its extra server flags) launches."""
+    if ns.command == "serve":
+        run = actions.RunOptions(ns.name, dict(ns.env), os.getcwd(), ns.gpus, ns.force)
+        return actions.Serve(ns.target, ns.draft, tail, ns.python, ns.port, not ns.no_metrics, ns.sglang_python, run)
+    run = actions.RunOptions(ns.name, dict(ns.env), ns.cwd or os.getcwd(), ns.gpus)
+    return actions.Stage(ns.command, tail, ns.python, ns.nproc, run)
+
+
+async def cmd_launched(fleet: Fleet, ns: argparse.Namespace, tail: list[str]) -> int:
+    """`extract`, `train` and `serve`: on one host, or with --nodes as a job with a node per host."""
+    what = launched(ns, tail)
+    if ns.nodes is not None and (ns.nodes > 1 or fleet.named):
+        return await launch_job(fleet, ns, what)
+    member = fleet.only
+    code = report_launched(result := await actions.launch(member, what), as_json=False)
     if code != EXIT_OK or not ns.follow:
         return code
-    return await follow_metrics(client, result["run"])
+    return await follow_launched(member.client, what, result["run"])
 
 
-async def cmd_serve(client: AgentClient, ns: argparse.Namespace, flags: list[str]) -> int:
-    code = report_launched(result := await actions.launch_serve(client, ns, flags), as_json=False)
-    if code != EXIT_OK or not ns.follow:
-        return code
-    return await follow_startup(client, result["run"])
+async def follow_launched(client: AgentClient, what: actions.Launch, run: str) -> int:
+    """A server followed to its readiness, a stage to its end."""
+    return await (follow_startup(client, run) if isinstance(what, actions.Serve) else follow_metrics(client, run))
 
 
-async def follow_job(client: AgentClient, ns: argparse.Namespace, run: str) -> int:
-    """A job's node 0 followed as one run of its command would be."""
-    return await (follow_startup(client, run) if ns.command == "serve" else follow_metrics(client, run))
+async def launch_job(fleet: Fleet, ns: argparse.Namespace, what: actions.Launch) -> int:
+    """`a,b train --nodes 2 ...`: the job, its id on stdout, each node's fate said; node 0 followed with --follow."""
+    try:
+        job = await actions.launch_job(fleet, what, ns.rdzv_host)
+    except actions.Refused as exc:
+        for member in fleet.unreached:
+            member.say(f"cannot be reached: {member.error}")
+        note(str(exc))
+        return EXIT_FAILED
+    out(job.id)
+    note(
+        f"job {job.id}: {len(job.nodes)} nodes meeting at {job.meeting} ({job.engine}); `kill {job.id}` stops them all"
+    )
+    for node in job.nodes:
+        node.member.say(f"node {node.rank}: {node.said}")
+    if not job.whole:
+        note(f"job {job.id} did not start on every node; the nodes that had started were stopped")
+        return EXIT_FAILED
+    first = job.nodes[0]
+    assert first.started is not None
+    return await follow_launched(first.member.client, what, first.started["run"]) if ns.follow else EXIT_OK
 
 
 async def follow_startup(client: AgentClient, run: str) -> int:
@@ -365,85 +314,56 @@ async def cmd_convert(client: AgentClient, ns: argparse.Namespace, _: list[str])
     return EXIT_FAILED if result["errors"] else EXIT_OK
 
 
+def on_one_host(handler: Handler) -> FleetHandler:
+    """A command of one host, run on the host of its fleet (`main` refuses it several first)."""
+
+    async def run(fleet: Fleet, ns: argparse.Namespace, tail: list[str]) -> int:
+        return await handler(fleet.only.client, ns, tail)
+
+    return run
+
+
 @dataclass(frozen=True)
 class Command:
     grammar: Grammar
-    run: Handler
+    run: FleetHandler
 
 
 # What each command does; `--help` lists them in `console.cli.grammar.GRAMMARS`' order.
 HANDLERS: dict[str, Handler] = {
-    "status": cmd_status,
     "launch": cmd_launch,
-    "watch": cmd_watch,
     "stacks": cmd_stacks,
-    "kill": cmd_kill,
-    "relaunch": cmd_relaunch,
-    "free-gpus": cmd_free_gpus,
     "logs": cmd_logs,
     "metrics": cmd_metrics,
     "export": cmd_export,
     "doctor": cmd_doctor,
     "convert": cmd_convert,
-    "serve": cmd_serve,
     "bench": cmd_bench,
-    "extract": cmd_stage,
-    "train": cmd_stage,
 }
-COMMANDS: dict[str, Command] = {g.name: Command(g, HANDLERS[g.name]) for g in grammar.GRAMMARS}
+FLEET_HANDLERS: dict[str, FleetHandler] = {
+    **fleet_commands.HANDLERS,
+    "serve": cmd_launched,
+    "extract": cmd_launched,
+    "train": cmd_launched,
+}
+COMMANDS: dict[str, Command] = {
+    g.name: Command(g, FLEET_HANDLERS.get(g.name) or on_one_host(HANDLERS[g.name])) for g in grammar.GRAMMARS
+}
 
 
 def build_parser(completing: bool = False) -> Parser:
     return grammar.build_parser(grammar.GRAMMARS, completing)
 
 
-def command_transport(ns: argparse.Namespace) -> Transport:
-    """A command's transport: over SSH through the host's shared connection (`console.link.reuse`) unless
-    --no-reuse; the direct one, with its host key checks, when none serves yet."""
-    if ns.host == "local" or ns.no_reuse:
-        return make_transport(ns, terminal_trust(ns))
-    from console.link import reuse
-    from console.link.reuse_transport import ReusingTransport  # asyncssh only when a direct connection is needed
-
-    return ReusingTransport(reuse.Target.of(ns), lambda: make_transport(ns, terminal_trust(ns)))
-
-
-async def run_command(command: Command, ns: argparse.Namespace, tail: list[str]) -> int:
-    client = AgentClient(command_transport(ns), ns.timeout_s)
-    client.say = note
+async def run_command(command: Command, fleet: Fleet, ns: argparse.Namespace, tail: list[str]) -> int:
+    """The command over its fleet: a host given alone is reached first (its failure is the command's); the hosts
+    of a list or group each when asked, each failure said on its own."""
     try:
-        await client.start()
-        return await command.run(client, ns, tail)
+        if fleet.alone is not None:
+            await fleet.alone.start()
+        return await command.run(fleet, ns, tail)
     finally:
-        await client.close()
-
-
-def open_console(ns: argparse.Namespace, hosts: list[str], settings: config.Config) -> int:
-    """The terminal console (Textual) on HOST, or on several hosts at once (a HOST column, each link its own)."""
-    if not sys.stdout.isatty():
-        raise UsageError("the console needs a terminal; give a COMMAND (e.g. 'status') for scripts")
-    from console.fleet.hosts import HostsClient
-    from console.tui.app import ConsoleApp
-
-    # A new host key is for the console to decide: it asks in a dialog (the app exists by then).
-    def transport_of(own: argparse.Namespace) -> Transport:
-        return make_transport(
-            own,
-            lambda offered: app.trust_new_key(offered),
-            lambda text: app.notify(text, severity="warning", timeout=30, markup=False),
-        )
-
-    if hosts == [ns.host]:
-        config.apply_settings(ns, settings)
-        trust, limit = ns.accept_new_host_key, ns.timeout_s
-        app = ConsoleApp(transport_of(ns), readonly=bool(ns.readonly), accept_new_host_key=trust, timeout=limit)
-    else:
-        every = links(ns, hosts, settings, transport_of)
-        readonly = any(link.ns.readonly for link in every)  # one read-only host makes the whole console so
-        client = HostsClient({link.name: link.client for link in every})
-        app = ConsoleApp(client, readonly=readonly, accept_new_host_key=ns.accept_new_host_key)
-    app.run()
-    return EXIT_FAILED if app.return_code else EXIT_OK
+        await fleet.close()
 
 
 # The commands that change a host (their --dry-run changes nothing): read-only refuses them.
@@ -468,10 +388,25 @@ def list_hosts(settings: config.Config, as_json: bool) -> int:
     if as_json:
         dump([dataclasses.asdict(host) for host in hosts])
     elif hosts:
-        out(render.hosts_table(hosts))
+        out(hosts_table(hosts))
     else:
         out(f"no hosts yet: name them in {settings.path}, or as Host entries in ~/.ssh/config")
     return EXIT_OK
+
+
+def hosts_table(hosts: list[config.Host]) -> str:
+    """`eagle3-console hosts`: each host, where it is, what it sets."""
+    rows = [
+        [
+            host.name,
+            host.address,
+            host.source,
+            " ".join(f"{key}={value}" for key, value in host.settings.items()),
+            host.description,
+        ]
+        for host in hosts
+    ]
+    return render.table(["HOST", "ADDRESS", "FROM", "SETTINGS", "DESCRIPTION"], rows)
 
 
 def complete_and_exit() -> None:
@@ -481,8 +416,12 @@ def complete_and_exit() -> None:
     argcomplete.autocomplete(build_parser(completing=True))
 
 
-def main(args: list[str] | None = None) -> int:
-    words = sys.argv[1:] if args is None else args
+# The terminal console on the command's hosts, for `main` to open when no COMMAND is given (the console and the
+# command line stand side by side: neither imports the other).
+OpenConsole = Callable[[argparse.Namespace, list[str], config.Config, bool], int]
+
+
+def main(words: list[str], open_console: OpenConsole) -> int:
     if "_ARGCOMPLETE" in os.environ:
         complete_and_exit()
     options, tail = split(words, grammar.GRAMMARS)
@@ -493,25 +432,27 @@ def main(args: list[str] | None = None) -> int:
             return list_hosts(settings, "--json" in rest)
         ns = build_parser().parse_args(options)
         hosts = settings.expand(ns.host)
+        named = hosts != [ns.host]  # a list or a group, even of one: the answer has the same shape for any size
         command = COMMANDS[ns.command] if ns.command is not None else None
-        if command is not None:
-            command.grammar.check_tail(tail)
-            if command.grammar.tail == "rest":
-                stage, tail = stage_options(ns.command, tail)
-                vars(ns).update(vars(stage))
-        if command is not None and ns.command in CHANGES and not getattr(ns, "dry_run", False):
+        if command is None:
+            return open_console(ns, hosts, settings, named)
+        command.grammar.check_tail(tail)
+        if command.grammar.tail == "rest":
+            stage, tail = stage_options(ns.command, tail)
+            vars(ns).update(vars(stage))
+        if ns.command in CHANGES and not getattr(ns, "dry_run", False):
             refuse_if_readonly(ns, hosts, settings)
         nodes = getattr(ns, "nodes", None)  # a stage's or serve's: a job over the hosts
-        if nodes is not None and (nodes > 1 or hosts != [ns.host]):
-            return asyncio.run(job_launch.launch_job(ns, tail, hosts, settings, command_transport, follow_job))
-        if command is None:
-            return open_console(ns, hosts, settings)
-        if hosts != [ns.host]:  # a list or a group, even of one: the answer has the same shape for any size
-            many_hosts.check(ns, tail)
-            return asyncio.run(many_hosts.run(ns, hosts, settings, command_transport))
-        ns.host = hosts[0]
-        config.apply_settings(ns, settings)
-        return asyncio.run(run_command(command, ns, tail))
+        if nodes is not None and (nodes > 1 or named) and nodes != len(hosts):
+            raise UsageError(
+                f"--nodes {nodes} runs one node per host: give {nodes} hosts (a,b or a group), not {len(hosts)}"
+            )
+        if named and nodes is None:
+            fleet_commands.check(ns, tail)
+        if not named:
+            ns = connect.host_options(ns, hosts[0], settings)
+        fleet = connect.fleet_of(ns, hosts, settings, connect.command_transport, note, named)
+        return asyncio.run(run_command(command, fleet, ns, tail))
     except (UsageError, config.ConfigError) as exc:
         note(str(exc))
         return EXIT_USAGE
@@ -526,7 +467,3 @@ def main(args: list[str] | None = None) -> int:
         # stdout closed early (e.g. `| head`): not an error of ours.
         sys.stderr.close()
         return EXIT_OK
-
-
-if __name__ == "__main__":
-    sys.exit(main())

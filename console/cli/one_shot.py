@@ -7,9 +7,9 @@ import argparse
 import sys
 
 from console import render
-from console.bench_text import bench_lines
 from console.cli.output import EXIT_FAILED, EXIT_OK, dump, note, out
 from console.link.ops import AgentOps
+from console.render import bench_lines
 from console.visible import visible
 
 

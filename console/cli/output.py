@@ -10,7 +10,7 @@ import json
 import sys
 
 from backends.protocol import DoctorResult
-from console.errors import AgentError, TransportError
+from console.link.ops import AgentError, TransportError
 from console.visible import printable, visible
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2

@@ -24,9 +24,8 @@ from backends.protocol import MAX_LINE_BYTES, PROTOCOL_VERSION, request_line, to
 from console.cli import config, grammar
 from console.cli.one_shot import cmd_kill, cmd_stacks, cmd_status
 from console.cli.output import EXIT_FAILED, EXIT_OK, failed, note
-from console.errors import AgentError, TransportError
 from console.link import deadlines, reuse
-from console.link.ops import AgentOps, reply_result
+from console.link.ops import AgentError, AgentOps, TransportError, reply_result
 
 T = TypeVar("T")
 ONE_SHOT: dict[str, Callable[[AgentOps, argparse.Namespace, list[str]], Coroutine[Any, Any, int]]] = {
@@ -145,7 +144,7 @@ def answer(words: list[str]) -> int | None:
         ns = grammar.build_parser(grammar.GRAMMARS).parse_args(options)
         settings = config.load()
         if settings.expand(ns.host) != [ns.host]:
-            return None  # several hosts: each on a connection of its own (`console.cli.many_hosts`)
+            return None  # several hosts: each on a connection of its own (`console.fleet.hosts`)
         config.apply_settings(ns, settings)
     except (grammar.UsageError, config.ConfigError):
         return None  # the CLI says what is wrong

@@ -25,9 +25,8 @@ from backends.protocol import (
     SubscribeResult,
     UnsubscribeResult,
 )
-from console.errors import AgentError, TransportError
 from console.link import deadlines
-from console.link.ops import AgentOps, reply_result
+from console.link.ops import AgentError, AgentOps, TransportError, reply_result
 from console.link.transport import OversizedLine, Transport
 
 RECONNECT_BACKOFF_S = (1.0, 2.0, 4.0, 8.0, 15.0, 30.0)  # seconds between tries to reach a lost agent

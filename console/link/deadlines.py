@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from console.errors import TransportError
+from console.link.ops import TransportError
 
 QUICK_S = 30.0  # status, logs, kill's first signal: the agent answers these in milliseconds
 LONG_S = 300.0  # a launch (SGLang's parser and doctor run first), doctor, convert, a fresh stack dump

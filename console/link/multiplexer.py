@@ -30,8 +30,8 @@ from pathlib import Path
 
 from backends import protocol
 from backends.protocol import MAX_LINE_BYTES, REPLY_HEAD, STREAM_HEAD
-from console.errors import TransportError
 from console.link import reuse
+from console.link.ops import TransportError
 from console.link.ssh import DEFAULT_PYTHON, SSHTransport
 from console.link.transport import OversizedLine
 

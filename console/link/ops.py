@@ -1,5 +1,6 @@
 """The agent's operations, typed: one method per operation of the protocol (`protocol.OPS`), its arguments by
-name, its defaults, its reply, over an untyped `request`.
+name, its defaults, its reply, over an untyped `request`; and the two ways a request fails (`TransportError`,
+`AgentError`), for every client and transport.
 
 Two clients are built on it: `console.link.client.AgentClient` (asyncio: subscriptions that stream, reconnects) and
 `console.cli.quick.BlockingClient` (one request at a time through a running multiplexer, with no event loop). So it
@@ -33,7 +34,27 @@ from backends.protocol import (
     StacksResult,
     StatusResult,
 )
-from console.errors import AgentError, TransportError
+
+
+class TransportError(Exception):
+    """The agent could not be reached or went away; the message says what to do.
+
+    `transient` is False where retrying cannot help (a refused host key, a key the host does not accept).
+    """
+
+    def __init__(self, message: str, transient: bool = True) -> None:
+        super().__init__(message)
+        self.transient = transient
+
+
+class AgentError(Exception):
+    """The agent refused a request; `code` is machine-readable, the message is for people."""
+
+    def __init__(self, code: str, message: str, details: Any = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.details = details
 
 
 def reply_result(msg: dict[str, Any]) -> Any:

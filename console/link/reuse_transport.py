@@ -9,8 +9,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from backends.protocol import MAX_LINE_BYTES
-from console.errors import TransportError
 from console.link import reuse
+from console.link.ops import TransportError
 from console.link.transport import Transport, stream_piece, whole_line
 
 

@@ -28,8 +28,8 @@ from typing import Any
 
 import asyncssh
 
-from console.errors import TransportError
 from console.link import agent_upload, host_keys, py_spy, vendored
+from console.link.ops import TransportError
 from console.link.transport import STDERR_KEEP_LINES, Transport, whole_line
 from console.visible import printable
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from backends.protocol import MAX_LINE_BYTES
 from backends.runs.store import CHILD_ONLY_ENV
-from console.errors import TransportError
+from console.link.ops import TransportError
 
 STDERR_KEEP_LINES = 20
 HEAD_BYTES = 256  # what is kept of a line too long to take: enough to tell whom it was for

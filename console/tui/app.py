@@ -26,14 +26,10 @@ from textual.notifications import SeverityLevel
 from textual.widgets import DataTable, Footer, Header, Static
 
 from backends.protocol import TERMINAL_STATES, MetricRow, NonfiniteValue, RunInfo, StatusResult
-from console import render
-from console.errors import AgentError, TransportError
+from console import actions, render
 from console.fleet import jobs
-from console.fleet.hosts import HostsClient, HostsStatus
-from console.fleet.job_actions import stop_then_relaunch
-from console.link.client import AgentClient
-from console.link.ops import AgentOps
-from console.link.transport import Transport
+from console.fleet.hosts import Fleet, HostsStatus
+from console.link.ops import AgentError, AgentOps, TransportError
 from console.tui.chart import ChartPicker, ChartsPanel, RunMetrics, choices, default_charts, nonfinite_value, spec_label
 from console.tui.commands import RunCommands
 from console.tui.dialogs import ConfirmScreen, HelpScreen, RelaunchScreen, TextScreen
@@ -52,7 +48,6 @@ POLL_S = 2.0
 FLASH_S = 6.0  # how long a passing message stays
 LOG_TAIL_LINES = 200
 PROGRESS_CHARS = 200
-KILL_GRACE_S = 10.0
 LOUD_TIMEOUT_S = 15.0  # errors and stalls stay up longer than news
 MAX_LINEAGE = 50  # attempts followed back through their parents for the last one that logged
 FEED_ROWS = 500  # metric rows added to a store between two looks at the screen: a long history loads, the UI lives
@@ -85,18 +80,17 @@ class ConsoleApp(App[None]):
 
     def __init__(
         self,
-        transport: Transport | HostsClient,
+        hosts: Fleet,
         readonly: bool = False,
         accept_new_host_key: bool = False,
-        timeout: float | None = None,
     ) -> None:
-        """`transport`: one host's; or the client of several hosts (runs named HOST/RUN, a HOST column).
-        `timeout`: every request's deadline (--timeout; None: each request's own)."""
+        """`hosts`: the fleet of the hosts shown: of one host given alone, its runs as they are; of several, runs
+        named HOST/RUN in a HOST column."""
         super().__init__()
-        self.client = transport if isinstance(transport, HostsClient) else AgentClient(transport, timeout)
+        self.client = hosts
         self.readonly = readonly
         self.accept_new_host_key = accept_new_host_key
-        self.where = transport.description + ("  (read-only)" if readonly else "")
+        self.where = self.client.description + ("  (read-only)" if readonly else "")
         self.sub_title = self.where
         self.runs: dict[str, RunInfo] = {}
         self.connected = asyncio.Event()
@@ -548,7 +542,7 @@ class ConsoleApp(App[None]):
         else:
             ranks = [run]
             question = f"Send SIGTERM to run {run['id']} ({printable(run['name'])}, pid {run['pid']})?"
-        details = f"SIGKILL follows after {KILL_GRACE_S:.0f} s for whatever is left of them."
+        details = f"SIGKILL follows after {actions.KILL_GRACE_S:.0f} s for whatever is left of them."
 
         def answered(yes: bool | None) -> None:
             if yes:
@@ -558,12 +552,9 @@ class ConsoleApp(App[None]):
 
     @work(group="actions")
     async def kill(self, run_ids: list[str]) -> None:
-        asked = (self.client.kill(run_id, signal="TERM", grace=KILL_GRACE_S) for run_id in run_ids)
-        for result in await asyncio.gather(*asked, return_exceptions=True):
-            if isinstance(result, (AgentError, TransportError)):
+        for result in await actions.kill(self.client, run_ids):
+            if isinstance(result, Exception):
                 self.notify(str(result), severity="error")
-            elif isinstance(result, BaseException):
-                raise result
             else:
                 self.notify(render.kill_text(result), title="kill")
 
@@ -593,18 +584,18 @@ class ConsoleApp(App[None]):
         job relaunches the whole job, every node with the same edit."""
         if flags is None:
             return
-        sets, unsets = flags
+        edit = actions.Edit(*flags)
         run = self.runs.get(run_id)
         nodes = self.job_nodes(run) if run is not None else []
         if len(nodes) > 1:
-            await self.relaunch_job(nodes, sets, unsets)
+            await self.relaunch_job(nodes, edit)
             return
         self.notify("checking the new command line; nothing is stopped yet", timeout=8)
         try:
-            preview = await self.client.relaunch(run_id, set=sets, unset=unsets, grace=KILL_GRACE_S, dry_run=True)
+            preview = await actions.preview(self.client, run_id, edit)
             if not await self.push_screen_wait(ConfirmScreen("Relaunch?", render.relaunch_preview(preview))):
                 return
-            result = await self.client.relaunch(run_id, set=sets, unset=unsets, grace=KILL_GRACE_S)
+            result = await actions.relaunch(self.client, run_id, edit)
         except AgentError as exc:
             self.notify(exc.message, title="relaunch refused", severity="error", timeout=15)
             return
@@ -615,15 +606,12 @@ class ConsoleApp(App[None]):
         self.fates[result["run"]] = run_id
         self.moving_to = result["run"]
 
-    async def relaunch_job(self, nodes: list[RunInfo], sets: list[str], unsets: list[str]) -> None:
+    async def relaunch_job(self, nodes: list[RunInfo], edit: actions.Edit) -> None:
         """Every node of the job previewed, then (once agreed) every node stopped and each started again."""
         job = nodes[0]["job"]["id"]
         self.notify(f"checking job {job}'s new command lines; nothing is stopped yet", timeout=8)
         try:
-            asked = (
-                self.client.relaunch(n["id"], set=sets, unset=unsets, grace=KILL_GRACE_S, dry_run=True) for n in nodes
-            )
-            previews = await asyncio.gather(*asked)
+            previews = await asyncio.gather(*(actions.preview(self.client, n["id"], edit) for n in nodes))
         except (AgentError, TransportError) as exc:
             self.notify(str(exc), title="relaunch refused", severity="error", timeout=15)
             return
@@ -634,11 +622,9 @@ class ConsoleApp(App[None]):
         if not await self.push_screen_wait(ConfirmScreen(f"Relaunch job {job} on every node?", shown)):
             return
         pairs: list[tuple[AgentOps, RunInfo]] = [(self.client, n) for n in nodes]
-        for node, result in zip(nodes, await stop_then_relaunch(pairs, sets, unsets, KILL_GRACE_S), strict=True):
-            if isinstance(result, (AgentError, TransportError)):
+        for node, result in zip(nodes, await actions.relaunch_nodes(pairs, edit), strict=True):
+            if isinstance(result, Exception):
                 self.notify(f"node {node['job']['node_rank']}: {result}", title="relaunch", severity="error")
-            elif isinstance(result, BaseException):
-                raise result
             else:
                 self.fates[result["run"]] = node["id"]
                 self.moving_to = self.moving_to or result["run"]
@@ -647,7 +633,7 @@ class ConsoleApp(App[None]):
     @work(group="actions")
     async def action_free_gpus(self) -> None:
         try:
-            plan = await self.client.free_gpus(dry_run=True)
+            plan = await actions.free_gpus_plan(self.client)
         except (AgentError, TransportError) as exc:
             self.notify(str(exc), severity="error")
             return
@@ -667,7 +653,7 @@ class ConsoleApp(App[None]):
         if not await self.push_screen_wait(ConfirmScreen(question, render.free_text(plan))):
             return
         try:
-            result = await self.client.free_gpus(dry_run=False)
+            result = await actions.free_gpus(self.client)
         except (AgentError, TransportError) as exc:
             self.notify(str(exc), severity="error")
             return

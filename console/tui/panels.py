@@ -15,13 +15,13 @@ from textual.theme import Theme
 from textual.widgets import DataTable, Static
 
 from backends.protocol import TERMINAL_STATES, GpuInfo, RunInfo
-from console.bench_text import bench_lines
 from console.fleet import jobs
 from console.fleet.names import own_id
 from console.render import (
     FAILED_STATES,
     STALL_ADVICE,
     attention_rank,
+    bench_lines,
     changed_flags,
     command_line,
     corrupt_text,
