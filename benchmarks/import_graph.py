@@ -1,7 +1,8 @@
 """The console's import graph in figures: rooms (modules, `console.tui` counted as one), arrows (one room importing
-another), floors (the longest chain of arrows, counted in rooms) and circles, two ways: every import statement
-(those inside functions and under TYPE_CHECKING included, as grimp and import-linter see them), and only those run
-when a module is imported (module level, TYPE_CHECKING left out). The longest chain is printed under each.
+another) and floors (the longest chain of arrows, counted in rooms; none where there is a circle), two ways: every
+import statement (those inside functions and under TYPE_CHECKING included, as grimp and import-linter see them),
+and only those run when a module is imported (module level, TYPE_CHECKING left out). The longest chain is printed
+under each.
 
 `python -m benchmarks.import_graph [ROOT]`: ROOT is a checkout (default: this one), so that two commits compare
 (`git worktree add /tmp/old REV`, then the same command with /tmp/old).
@@ -12,7 +13,6 @@ from __future__ import annotations
 import ast
 import sys
 from collections.abc import Iterator
-from functools import cache
 from pathlib import Path
 
 PACKAGE = "console"
@@ -67,56 +67,40 @@ def arrows(root: Path, module_level: bool) -> dict[str, set[str]]:
     return graph
 
 
-def circles(graph: dict[str, set[str]]) -> list[list[str]]:
-    """Rooms that reach each other (strongly connected groups of more than one, Tarjan's)."""
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    stack: list[str] = []
-    found: list[list[str]] = []
+def longest(graph: dict[str, set[str]]) -> list[str] | None:
+    """The longest chain of arrows; None when a room reaches itself (a circle: tests/test_import_graph.py names
+    it)."""
+    chains: dict[str, tuple[str, ...]] = {}
+    open_: set[str] = set()
 
-    def visit(v: str) -> None:
-        index[v] = low[v] = len(index)
-        stack.append(v)
-        for w in graph.get(v, ()):
-            if w not in index:
-                visit(w)
-                low[v] = min(low[v], low[w])
-            elif w in stack:
-                low[v] = min(low[v], index[w])
-        if low[v] == index[v]:
-            group = []
-            while (w := stack.pop()) != v:
-                group.append(w)
-            if group:
-                found.append(sorted([v, *group]))
-
-    for v in list(graph):
-        if v not in index:
-            visit(v)
-    return found
-
-
-def longest(graph: dict[str, set[str]]) -> list[str]:
-    @cache
     def chain(v: str) -> tuple[str, ...]:
-        below = sorted((chain(w) for w in graph.get(v, ())), key=lambda c: len(c))
-        return (v, *(below[-1] if below else ()))
+        if v in open_:
+            raise RecursionError(v)
+        if v not in chains:
+            open_.add(v)
+            below = sorted((chain(w) for w in graph.get(v, ())), key=len)
+            open_.discard(v)
+            chains[v] = (v, *(below[-1] if below else ()))
+        return chains[v]
 
-    return list(sorted((chain(v) for v in graph), key=lambda c: len(c))[-1])
+    try:
+        return list(sorted((chain(v) for v in graph), key=len)[-1])
+    except RecursionError:
+        return None
 
 
 def main(argv: list[str]) -> int:
     root = Path(argv[0]) if argv else Path(__file__).resolve().parents[1]
     sys.setrecursionlimit(10_000)
-    print(f"{'imports counted':<40} {'rooms':>5} {'arrows':>6} {'floors':>6} {'circles':>7}")
+    print(f"{'imports counted':<40} {'rooms':>5} {'arrows':>6} {'floors':>6}")
     chains = []
     for label, module_level in (("every import statement", False), ("module level, run at import", True)):
         graph = arrows(root, module_level)
-        found = circles(graph)
-        chain = longest(graph) if not found else []
+        chain = longest(graph)
         count = sum(len(targets) for targets in graph.values())
-        print(f"{label:<40} {len(graph):>5} {count:>6} {len(chain) or '-':>6} {len(found):>7}")
-        chains.append(f"{label}: " + " -> ".join(name.removeprefix("console.") for name in chain))
+        floors = "circle" if chain is None else str(len(chain))
+        print(f"{label:<40} {len(graph):>5} {count:>6} {floors:>6}")
+        chains.append(f"{label}: " + " -> ".join(name.removeprefix("console.") for name in chain or ["(a circle)"]))
     print("\n".join(chains))
     return 0
 
