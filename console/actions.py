@@ -1,7 +1,7 @@
-"""What the CLI and the console do to runs, once: launch our stages and SGLang's server (on one host, or as a job
-with a node per host), kill, relaunch (its preview first), free GPUs. Typed in (the options below, runs by id)
-and out (the protocol's results; `Refused`, with a one-line reason, where an action cannot go ahead). The CLI
-writes the outcomes as text or JSON, the console as dialogs and notifications.
+"""What the CLI and the console do to runs, once: launch a command, our stages or SGLang's server (on one host, or
+a stage or the server as a job with a node per host), kill, relaunch (its preview first), free GPUs. Typed in (the
+options below, runs by id) and out (the protocol's results; `Refused`, with a one-line reason, where an action
+cannot go ahead). The CLI writes the outcomes as text or JSON, the console as dialogs and notifications.
 """
 
 from __future__ import annotations
@@ -78,7 +78,23 @@ class Serve:
         return self.port if self.port is not None else serving.DEFAULT.default_port
 
 
-Launch = Stage | Serve
+@dataclass(frozen=True)
+class Command:
+    """`launch KIND -- ARGV`: any command as a run of KIND; a serve run's health and metrics endpoints, the
+    host Python whose SGLang checks it, where its metric rows come from, and the job node it is, when given."""
+
+    kind: str
+    argv: Sequence[str]
+    health_url: str | None = None
+    metrics_url: str | None = None
+    sglang_python: str | None = None
+    metrics_from: str | None = None
+    node: JobNode | None = None
+    run: RunOptions = RunOptions()
+
+
+Ours = Stage | Serve  # what runs as a job, a node per host
+Launch = Ours | Command
 
 
 @dataclass(frozen=True)
@@ -121,6 +137,22 @@ async def launch(member: Member, what: Launch, node: JobNode | None = None, meet
     rendezvous for a stage, SGLang's --dist-init-addr for a server, whose node 0 alone serves HTTP and so alone
     has its health polled)."""
     run = what.run
+    if isinstance(what, Command):
+        return await member.client.launch(
+            what.kind,
+            what.argv,
+            name=run.name,
+            env=dict(run.env),
+            cwd=run.cwd,
+            gpus=run.gpus,
+            health_url=what.health_url,
+            metrics_url=what.metrics_url,
+            sglang_python=what.sglang_python,
+            stall_after=member.stall_after,
+            metrics_from=what.metrics_from,
+            force=run.force,
+            **node_fields(what.node),
+        )
     if isinstance(what, Stage):
         return await member.client.launch(
             what.stage,
@@ -180,7 +212,7 @@ class JobLaunched:
         return all(node.started is not None for node in self.nodes)
 
 
-async def launch_job(fleet: Fleet, what: Launch, meeting_host: str | None = None) -> JobLaunched:
+async def launch_job(fleet: Fleet, what: Ours, meeting_host: str | None = None) -> JobLaunched:
     """`what` as a job, a node per host in the fleet's order, every node meeting at the first host (on a port free
     there; `meeting_host` when the others reach it by another address). Every host is reached before anything
     starts (a job missing a node would wait out the rendezvous for nothing): Refused when one cannot be, each

@@ -43,28 +43,17 @@ from console.visible import LINES, TerminalLog, visible
 Handler = Callable[[AgentClient, argparse.Namespace, list[str]], Awaitable[int]]
 
 
-async def cmd_launch(client: AgentClient, ns: argparse.Namespace, argv: list[str]) -> int:
+async def cmd_launch(fleet: Fleet, ns: argparse.Namespace, argv: list[str]) -> int:
     if not argv:
         raise UsageError("launch needs the command after '--', e.g. launch command -- python train.py")
     if ns.sglang_python is not None and ns.kind != "serve":
         why = f"--sglang-python names the Python of SGLang's server: it goes with launch serve, not {ns.kind}"
         raise UsageError(why)
-    result = await client.launch(
-        ns.kind,
-        argv,
-        name=ns.name,
-        env=dict(ns.env),
-        cwd=ns.cwd or os.getcwd(),
-        gpus=ns.gpus,
-        health_url=ns.health_url,
-        metrics_url=ns.metrics_url,
-        sglang_python=ns.sglang_python,
-        stall_after=ns.stall_after,
-        metrics_from=ns.metrics_from,
-        force=ns.force,
-        **actions.node_fields(launched_node(ns)),
+    run = actions.RunOptions(ns.name, dict(ns.env), ns.cwd or os.getcwd(), ns.gpus, ns.force)
+    command = actions.Command(
+        ns.kind, argv, ns.health_url, ns.metrics_url, ns.sglang_python, ns.metrics_from, launched_node(ns), run
     )
-    return report_launched(result, ns.json)
+    return report_launched(await actions.launch(fleet.only, command), ns.json)
 
 
 def launched_node(ns: argparse.Namespace) -> JobNode | None:
@@ -184,7 +173,7 @@ async def cmd_export(client: AgentClient, ns: argparse.Namespace, _: list[str]) 
     return EXIT_OK
 
 
-def launched(ns: argparse.Namespace, tail: list[str]) -> actions.Launch:
+def launched(ns: argparse.Namespace, tail: list[str]) -> actions.Ours:
     """What `extract`/`train` (`ns` holding the run options that `main` took out of the stage's words, `tail` the
     stage's own) or `serve` (`tail` its extra server flags) launches."""
     if ns.command == "serve":
@@ -206,12 +195,12 @@ async def cmd_launched(fleet: Fleet, ns: argparse.Namespace, tail: list[str]) ->
     return await follow_launched(member.client, what, result["run"])
 
 
-async def follow_launched(client: AgentClient, what: actions.Launch, run: str) -> int:
+async def follow_launched(client: AgentClient, what: actions.Ours, run: str) -> int:
     """A server followed to its readiness, a stage to its end."""
     return await (follow_startup(client, run) if isinstance(what, actions.Serve) else follow_metrics(client, run))
 
 
-async def launch_job(fleet: Fleet, ns: argparse.Namespace, what: actions.Launch) -> int:
+async def launch_job(fleet: Fleet, ns: argparse.Namespace, what: actions.Ours) -> int:
     """`a,b train --nodes 2 ...`: the job, its id on stdout, each node's fate said; node 0 followed with --follow."""
     try:
         job = await actions.launch_job(fleet, what, ns.rdzv_host)
@@ -331,7 +320,6 @@ class Command:
 
 # What each command does; `--help` lists them in `console.cli.grammar.GRAMMARS`' order.
 HANDLERS: dict[str, Handler] = {
-    "launch": cmd_launch,
     "stacks": cmd_stacks,
     "logs": cmd_logs,
     "metrics": cmd_metrics,
@@ -341,6 +329,7 @@ HANDLERS: dict[str, Handler] = {
     "bench": cmd_bench,
 }
 FLEET_HANDLERS: dict[str, FleetHandler] = {
+    "launch": cmd_launch,
     **fleet_commands.HANDLERS,
     "serve": cmd_launched,
     "extract": cmd_launched,

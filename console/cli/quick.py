@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from backends.protocol import MAX_LINE_BYTES, PROTOCOL_VERSION, request_line, too_large_reply
-from console.cli import config, grammar
+from console.cli import config, connect, grammar
 from console.cli.one_shot import cmd_kill, cmd_stacks, cmd_status
 from console.cli.output import EXIT_FAILED, EXIT_OK, failed, note
 from console.link import deadlines, reuse
@@ -151,7 +151,7 @@ def answer(words: list[str]) -> int | None:
     command = ONE_SHOT.get(ns.command)
     if command is None or tail or ns.host == "local" or ns.no_reuse:
         return None
-    target = reuse.Target.of(ns)
+    target = connect.target_of(ns)
     try:
         path = reuse.socket_path(target)
     except reuse.ReuseUnavailable:

@@ -14,7 +14,6 @@ failure here is logged (`LOG_NAME` in the socket folder) and the command connect
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import errno
 import hashlib
@@ -59,11 +58,6 @@ class Target:
     spec: str
     workdir: str | None
     python: str | None  # --remote-python; None: the transport's default
-
-    @classmethod
-    def of(cls, ns: argparse.Namespace) -> Target:
-        """The target of a parsed command line (config.toml's settings applied)."""
-        return cls(ns.host, str(ns.workdir) if ns.workdir is not None else None, ns.remote_python)
 
     def key(self) -> str:
         """Also the release (the agent it runs) and the files that decide whom ssh reaches and trusts: after
