@@ -23,7 +23,7 @@ from console.cli.output import EXIT_FAILED, EXIT_OK, doctor_text, dump, note, ou
 from console.fleet import jobs
 from console.fleet.hosts import Fleet, Member, host_json
 from console.link.client import AgentClient, reconnect_and_say
-from console.link.ops import TransportError
+from console.link.ops import AgentOps, TransportError
 
 # What a command that works on the fleet does, given it, its options and its tail; its exit code.
 FleetHandler = Callable[[Fleet, argparse.Namespace, list[str]], Awaitable[int]]
@@ -64,7 +64,7 @@ async def cmd_status(fleet: Fleet, ns: argparse.Namespace, tail: list[str]) -> i
     return code(fleet)
 
 
-def section(member: Member, result: Any, text: Any) -> str:
+def section(member: Member, result: Any, text: Callable[[Any], str]) -> str:
     """One host's part of the answer, or why it has none."""
     if result is None:
         return f"== {member.name}: {'' if member.silent else 'cannot be reached: '}{member.error}"
@@ -152,7 +152,7 @@ async def cmd_relaunch(fleet: Fleet, ns: argparse.Namespace, _: list[str]) -> in
     return EXIT_FAILED if failed else EXIT_OK
 
 
-async def relaunch_run(client: Any, ns: argparse.Namespace, edit: actions.Edit) -> int:
+async def relaunch_run(client: AgentOps, ns: argparse.Namespace, edit: actions.Edit) -> int:
     if ns.dry_run:
         preview = await actions.preview(client, ns.run, edit)
         dump(preview) if ns.json else out(render.relaunch_preview(preview))
