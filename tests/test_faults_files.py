@@ -285,7 +285,9 @@ def test_watch_stops_at_a_reply_too_large_to_read_in_one_line_naming_it(workdir:
 
 
 def test_logs_follow_stops_at_a_message_too_large_to_read_in_one_line(cli: CLI, workdir: Path) -> None:
-    script = "import time\ntime.sleep(2)\nprint('w' * 100_000, flush=True)\ntime.sleep(30)"
+    # The line again every half second: the follow starts at the end of the output (--tail 0) whenever it gets
+    # there, and the next one is the first it reads (a line printed once, 2 s in, went unseen on a busy machine).
+    script = "import time\nwhile True:\n    print('w' * 100_000, flush=True)\n    time.sleep(0.5)"
     run_id = launch(cli, "command", "--", sys.executable, "-c", script)
     try:
         result = small_reply_cli(workdir, "logs", run_id, "--follow", "--tail", "0")
