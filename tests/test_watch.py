@@ -8,10 +8,13 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
+import select
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -301,16 +304,38 @@ class Watcher:
         )
         assert self.process.stderr is not None
         self.first = self.process.stderr.readline()
+        self.printed = b""  # its stdout so far, read by `until` as it comes
+
+    def _read(self, deadline: float, what: str) -> bool:
+        """One read of its stdout, waiting until `deadline` at most; False at its end."""
+        assert self.process.stdout is not None
+        fd = self.process.stdout.fileno()
+        left = deadline - time.monotonic()
+        assert left > 0 and select.select([fd], [], [], left)[0], f"the watch never printed {what}: {self.printed!r}"
+        chunk = os.read(fd, 65536)
+        self.printed += chunk
+        return bool(chunk)
+
+    def until(self, predicate: Callable[[str], bool], what: str, timeout: float = 30) -> None:
+        """Reads its stdout as it comes until `predicate` holds of all of it so far."""
+        deadline = time.monotonic() + timeout
+        while not predicate(self.printed.decode(errors="replace")):
+            assert self._read(deadline, what), f"the watch ended before it printed {what}: {self.printed!r}"
 
     def stop(self) -> tuple[str, str]:
         """Ctrl-C; what it printed (stdout, the rest of stderr)."""
+        assert self.process.stderr is not None
         self.process.send_signal(signal.SIGINT)
         try:
-            out, err = self.process.communicate(timeout=30)
+            deadline = time.monotonic() + 30
+            while self._read(deadline, "its end"):
+                pass
+            err = self.process.stderr.read()
+            self.process.wait(timeout=30)
         finally:
             self.process.kill()  # nothing left behind, whatever happened
         assert self.process.returncode == 0, err
-        return out, err
+        return self.printed.decode(), err
 
 
 def test_watch_prints_each_change_of_state_with_what_to_look_at(cli: CLI, workdir: Path) -> None:
@@ -321,10 +346,10 @@ def test_watch_prints_each_change_of_state_with_what_to_look_at(cli: CLI, workdi
         script = "import time\nprint('Load weight begin.', flush=True)\ntime.sleep(60)"
         run_id = launch(cli, "serve", "--name", "hangs", "--stall-after", "2", "--", sys.executable, "-c", script)
         wait_state(cli, run_id, {"stalled"}, timeout=30)
-        time.sleep(1.5)
+        watcher.until(lambda out: "running → stalled" in out, "the stall")
         cli("kill", run_id, "--grace", "1")
         wait_state(cli, run_id, {"killed"})
-        time.sleep(1.5)
+        watcher.until(lambda out: "stalled → killed" in out, "the kill")
     finally:
         out, err = watcher.stop()
     assert "watching 1 runs (0 live)" in watcher.first and err == ""
@@ -344,7 +369,12 @@ def test_watch_json_gives_a_script_the_picture_then_each_change(cli: CLI, workdi
     try:
         doomed = launch(cli, "command", "--name", "doomed", "--", sys.executable, "-c", "raise SystemExit(3)")
         wait_state(cli, doomed, {"failed"})
-        time.sleep(1.5)
+
+        def failed(out: str) -> bool:
+            changes = [json.loads(line) for line in out.splitlines(keepends=True) if line.endswith("\n")]
+            return any(c["run"]["id"] == doomed and c["to"] == "failed" for c in changes)
+
+        watcher.until(failed, "the failure")
     finally:
         out, _ = watcher.stop()
     changes = [json.loads(line) for line in out.splitlines()]
@@ -363,7 +393,7 @@ def test_watch_goes_on_across_a_lost_agent(cli: CLI, workdir: Path) -> None:
         time.sleep(1)
         run_id = launch(cli, "command", "--name", "meanwhile", "--", sys.executable, "-c", "pass")
         wait_state(cli, run_id, {"exited"})
-        time.sleep(3)
+        watcher.until(lambda out: f"meanwhile ({run_id}): new command run" in out, "the run made meanwhile")
     finally:
         out, err = watcher.stop()
     assert "connection lost" in err and "reconnected after" in err
