@@ -21,9 +21,12 @@ SGLANG_PARSER_VERSION ?= 0.5.23
 # The real-SGLang tier: a Python of its own where SGLang's loader and model classes import on CPU
 # (sglang-real-requirements.txt). Tests reach it through EAGLE3_SGLANG_PYTHON and never skip for want of it.
 SGLANG_REAL ?= .sglang-real
-SGLANG_REAL_TORCH ?= torch==2.14.1 torchvision==0.29.1
-# pip's cache would hold a second copy of every wheel it downloads (several GB for the real tier's
-# CUDA build of torch): CI machines have run out of disk with it.
+# torch 2.13.0's CPU build, which this disk keeps, not SGLang 0.5.23's 2.14.1, a CUDA build (6.9 GB of tier, not 3.1),
+# with the Triton it pairs with (SGLang imports it; the CUDA build brought it) and torchvision 0.28.0, a CUDA
+# build on PyPI whose ops don't load beside it: sglang-real-torchvision.py lets it import.
+SGLANG_REAL_TORCH ?= torch==2.13.0 triton==3.7.1 torchvision==0.28.0
+# pip's cache would hold a second copy of every wheel it downloads (several GB for a CUDA build of
+# torch): CI machines have run out of disk with it.
 export PIP_NO_CACHE_DIR := 1
 # Two cores is what CI has (and the least a developer has).
 JOBS ?= 2
@@ -65,12 +68,15 @@ $(SGLANG_PARSER)/.installed: sglang-parser-requirements.txt | $(VENV)/.installed
 	$(PY) -m pip install -q --target $(SGLANG_PARSER) -r sglang-parser-requirements.txt
 	touch $@
 
-$(SGLANG_REAL)/.installed: sglang-real-requirements.txt
+$(SGLANG_REAL)/.installed: sglang-real-requirements.txt sglang-real-torchvision.py
 	rm -rf $(SGLANG_REAL)
 	$(PYTHON) -m venv $(SGLANG_REAL)
 	$(SGLANG_REAL)/bin/pip install -q --upgrade pip
 	$(SGLANG_REAL)/bin/pip install -q $(SGLANG_REAL_TORCH)
 	$(SGLANG_REAL)/bin/pip install -q --no-deps -r sglang-real-requirements.txt
+	site=$$($(SGLANG_REAL)/bin/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))') && \
+		cp sglang-real-torchvision.py $$site/_sglang_real_torchvision.py && \
+		echo 'import _sglang_real_torchvision' > $$site/_sglang_real_torchvision.pth
 	$(SGLANG_REAL)/bin/python -W ignore -c "import sglang.srt.models.llama_eagle3, sglang.srt.model_loader.loader"
 	touch $@
 
