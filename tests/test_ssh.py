@@ -12,6 +12,7 @@ import getpass
 import json
 import os
 import pty
+import select
 import subprocess
 import sys
 import time
@@ -265,10 +266,19 @@ def test_a_follow_survives_a_lost_agent_and_prints_every_line_exactly_once(
         stderr=subprocess.PIPE,
     )
     agent = f"backends.agent.* --workdir {workdir}"  # the agent, not the follower (`console --workdir ...`)
-    wait_for(lambda: subprocess.run(["pgrep", "-f", agent], capture_output=True).returncode == 0, what="the agent")
-    time.sleep(1.5)  # some lines are through
+    # Some lines are through: the follower's agent streams (a fixed 1.5 s could end after the run on a busy machine,
+    # its agent gone before the kill). Read from the pipe itself: communicate reads the rest from there.
+    assert follower.stdout is not None
+    deadline, first = time.monotonic() + 60, b""
+    while b"\n" not in first:
+        left = deadline - time.monotonic()
+        assert left > 0 and select.select([follower.stdout], [], [], left)[0], f"no line from the follow: {first!r}"
+        chunk = os.read(follower.stdout.fileno(), 65536)
+        assert chunk, f"the follow ended before a line: {first!r}"
+        first += chunk
     subprocess.run(["pkill", "-KILL", "-f", agent], check=True)  # the link is gone mid-stream
     out, err = follower.communicate(timeout=90)
+    out = first + out
     assert follower.returncode == 0, err
     assert out == (workdir / "runs" / run_id / "output.log").read_bytes()
     assert out.decode().splitlines() == [f"line {i}" for i in range(60)]
