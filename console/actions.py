@@ -9,9 +9,9 @@ from __future__ import annotations
 import asyncio
 import re
 import secrets
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from backends.protocol import (
     TERMINAL_STATES,
@@ -29,6 +29,7 @@ from console.fleet import jobs
 from console.fleet.hosts import Fleet, Member
 from console.link.ops import AgentError, AgentOps, TransportError
 
+T = TypeVar("T")
 KILL_GRACE_S = 10.0  # SIGKILL follows SIGTERM after this long, for whatever is left
 
 
@@ -185,6 +186,16 @@ async def launch(member: Member, what: Launch, node: JobNode | None = None, meet
     )
 
 
+async def settled(*asked: Awaitable[T]) -> list[T | AgentError | TransportError]:
+    """Each of the requests' outcomes, asked at once and in order: its result, or the error of a host that refused
+    or could not be reached (any other exception is a bug of ours and is raised)."""
+    outcomes = await asyncio.gather(*asked, return_exceptions=True)
+    for outcome in outcomes:
+        if isinstance(outcome, BaseException) and not isinstance(outcome, (AgentError, TransportError)):
+            raise outcome
+    return outcomes  # type: ignore[return-value]
+
+
 def job_id(name: str | None, stage: str) -> str:
     """A job's id: its name (or the stage's) in the letters a job id takes, and a random tail, so that two
     launches never share a rendezvous."""
@@ -225,29 +236,23 @@ async def launch_job(fleet: Fleet, what: Ours, meeting_host: str | None = None) 
     meeting = f"{meeting_host or found['address']}:{found['port']}"
     name = job_id(what.run.name, what.stage if isinstance(what, Stage) else "serve")
     nnodes = len(members)
-    results = await asyncio.gather(
-        *(launch(m, what, {"id": name, "node_rank": r, "nnodes": nnodes}, meeting) for r, m in enumerate(members)),
-        return_exceptions=True,
+    results = await settled(
+        *(launch(m, what, {"id": name, "node_rank": r, "nnodes": nnodes}, meeting) for r, m in enumerate(members))
     )
     nodes = [
         NodeOutcome(m, rank, *_node_outcome(result))
         for rank, (m, result) in enumerate(zip(members, results, strict=True))
     ]
-    if not all(node.started is not None for node in nodes):
-        started = [node for node in nodes if node.started is not None]
-        await asyncio.gather(
-            *(node.member.client.kill(node.started["run"]) for node in started if node.started is not None),
-            return_exceptions=True,
-        )
     engine = "SGLang's --dist-init-addr" if isinstance(what, Serve) else "torchrun"
-    return JobLaunched(name, meeting, engine, nodes)
+    job = JobLaunched(name, meeting, engine, nodes)
+    if not job.whole:
+        await settled(*(node.member.client.kill(node.started["run"]) for node in nodes if node.started is not None))
+    return job
 
 
-def _node_outcome(result: LaunchResult | BaseException) -> tuple[LaunchResult | None, str]:
+def _node_outcome(result: LaunchResult | AgentError | TransportError) -> tuple[LaunchResult | None, str]:
     if isinstance(result, (AgentError, TransportError)):
         return None, f"did not start: {result}"
-    if isinstance(result, BaseException):
-        raise result
     if result["error"]:
         return None, f"run {result['run']} failed to start: {result['error']}"
     return result, f"run {result['run']}"
@@ -265,11 +270,7 @@ async def kill(
 ) -> list[KillResult | AgentError | TransportError]:
     """Each run killed at once (TERM, then KILL after `grace` for what is left); each outcome, in order: what was
     signalled and what died, or why it could not be."""
-    asked = await asyncio.gather(*(ops.kill(run, signal=signal, grace=grace) for run in runs), return_exceptions=True)
-    for outcome in asked:
-        if isinstance(outcome, BaseException) and not isinstance(outcome, (AgentError, TransportError)):
-            raise outcome
-    return asked  # type: ignore[return-value]
+    return await settled(*(ops.kill(run, signal=signal, grace=grace) for run in runs))
 
 
 async def job_runs(client: AgentOps, job: str) -> list[RunInfo]:
@@ -314,11 +315,7 @@ async def relaunch_nodes(
     """Each node of a job relaunched with the same edit, every live one stopped first: a new node must never meet
     an old one at the rendezvous. Each node's outcome, in order (the error where it could not start)."""
     await asyncio.gather(*(ops.kill(run["id"], grace=edit.grace) for ops, run in nodes if live(run)))
-    asked = await asyncio.gather(*(relaunch(ops, run["id"], edit) for ops, run in nodes), return_exceptions=True)
-    for outcome in asked:
-        if isinstance(outcome, BaseException) and not isinstance(outcome, (AgentError, TransportError)):
-            raise outcome
-    return asked  # type: ignore[return-value]
+    return await settled(*(relaunch(ops, run["id"], edit) for ops, run in nodes))
 
 
 async def job_nodes(fleet: Fleet, job: str) -> list[tuple[Member, RunInfo]]:

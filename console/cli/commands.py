@@ -205,10 +205,7 @@ async def launch_job(fleet: Fleet, ns: argparse.Namespace, what: actions.Ours) -
     try:
         job = await actions.launch_job(fleet, what, ns.rdzv_host)
     except actions.Refused as exc:
-        for member in fleet.unreached:
-            member.say(f"cannot be reached: {member.error}")
-        note(str(exc))
-        return EXIT_FAILED
+        return fleet_commands.refused(fleet, exc)
     out(job.id)
     note(
         f"job {job.id}: {len(job.nodes)} nodes meeting at {job.meeting} ({job.engine}); `kill {job.id}` stops them all"

@@ -44,6 +44,14 @@ def check(ns: argparse.Namespace, tail: list[str]) -> None:
         raise UsageError("status RUN names a run of one host; give that host alone")
 
 
+def refused(fleet: Fleet, exc: actions.Refused) -> int:
+    """An action over the hosts that could not go ahead: each host that could not answer, then why; failed."""
+    for member in fleet.unreached:
+        member.say(f"cannot be reached: {member.error}")
+    note(str(exc))
+    return EXIT_FAILED
+
+
 def code(fleet: Fleet) -> int:
     return EXIT_FAILED if fleet.unreached else EXIT_OK
 
@@ -124,10 +132,7 @@ async def cmd_relaunch(fleet: Fleet, ns: argparse.Namespace, _: list[str]) -> in
     try:
         nodes = await actions.job_nodes(fleet, ns.run)
     except actions.Refused as exc:
-        for member in fleet.unreached:
-            member.say(f"cannot be reached: {member.error}")
-        note(str(exc))
-        return EXIT_FAILED
+        return refused(fleet, exc)
     if ns.dry_run:
         previews = await asyncio.gather(*(actions.preview(m.client, run["id"], edit) for m, run in nodes))
         for (member, run), preview in zip(nodes, previews, strict=True):
