@@ -203,7 +203,7 @@ print("kernel matches over", rows, "rows")
 
 def test_the_triton_kernel_matches_the_torch_formula(sglang_python: Path) -> None:
     """The kernel the trainer runs on a GPU, run by Triton's interpreter (TRITON_INTERPRET=1) on the CPU in the
-    real-SGLang tier's Python (torch 2.14.1 with its Triton, as on a GPU host): its arithmetic, masking, tie
+    real-SGLang tier's Python (torch 2.13.0 with Triton 3.7.1, as on a GPU host): its arithmetic, masking, tie
     rule and in-place gradient, not its speed (benchmarks/specforge_compare runs it on the H200)."""
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(REPO), "PYTHONWARNINGS": "ignore"}
     done = subprocess.run(
