@@ -91,9 +91,10 @@ TEST_NEEDS := $(VENV)/.installed $(SGLANG_PARSER)/.installed $(SGLANG_REAL)/.ins
 
 # The suite mostly waits on processes, SSH and tmux: it runs on TEST_WORKERS workers (pytest-xdist), a worker
 # that runs out of tests taking some of the other's (worksteal: a few tests take a minute, most a second).
+# The 30 slowest are listed after the run (where the suite's time goes); PYTEST_ARGS adds options (-k, -x).
 unit: $(TEST_NEEDS)
 	EAGLE3_SGLANG_PARSER_PATH=$(abspath $(SGLANG_PARSER)) EAGLE3_SGLANG_PYTHON=$(abspath $(SGLANG_REAL))/bin/python \
-		$(PY) -m pytest -q -n $(TEST_WORKERS) --dist worksteal
+		$(PY) -m pytest -q -n $(TEST_WORKERS) --dist worksteal --durations=30 $(PYTEST_ARGS)
 
 # CI's budget is 15 minutes on 2 cores, installs included: the installs, lint and type-check run two at a time
 # (the real tier's install does not wait for .venv), then the suite has both cores to itself.

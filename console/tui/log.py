@@ -242,6 +242,10 @@ class TailLog(ScrollView, can_focus=True):
 
     def on_mount(self) -> None:
         self.watch(self.app, "theme", self.theme_changed, init=False)
+        # Textual's anchor keeps the tail in view at every layout, whatever changed the rows in view (CI once saw
+        # the log stay short of its tail after a scroll to it); a person's scroll releases it, and each scroll to
+        # the end below takes it up again.
+        self.anchor()
 
     # --- lines in, rows out -------------------------------------------------------------------
 
