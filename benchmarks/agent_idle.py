@@ -23,7 +23,7 @@ from pathlib import Path
 
 from benchmarks._common import cpu_seconds, print_table, rss_mib
 from console.link.client import AgentClient
-from console.link.transport import LocalTransport
+from console.link.local import LocalTransport
 
 
 def supervisor_pids(workdir: Path) -> list[int]:

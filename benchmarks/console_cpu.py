@@ -28,7 +28,7 @@ from benchmarks._common import cpu_seconds, print_table
 from benchmarks.chart_redraw import plotext_redraw
 from console.fleet.hosts import Fleet
 from console.link.client import AgentClient
-from console.link.transport import LocalTransport
+from console.link.local import LocalTransport
 from console.tui.app import ConsoleApp
 from console.tui.chart import ChartsPanel, MetricChart
 from console.tui.metric_store import Series

@@ -22,7 +22,7 @@ from pathlib import Path
 from backends.protocol import GpuInfo, RunInfo
 from benchmarks._common import print_table
 from console.link.client import AgentClient
-from console.link.transport import LocalTransport
+from console.link.local import LocalTransport
 from console.tui.gpu_panel import GpuHistory, Selection, gpu_text
 
 POLL_S = 2.0

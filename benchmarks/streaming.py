@@ -22,7 +22,7 @@ from pathlib import Path
 
 from benchmarks._common import cpu_seconds, percentile, print_table
 from console.link.client import AgentClient
-from console.link.transport import LocalTransport
+from console.link.local import LocalTransport
 
 WRITER = """
 import json, os, sys, time

@@ -20,7 +20,7 @@ from textual.message import Message
 from textual.notifications import Notification, Notify
 
 from console.link.client import AgentClient
-from console.link.transport import LocalTransport
+from console.link.local import LocalTransport
 from tests.fake_nvml import gpu, write_state
 
 REPO = Path(__file__).resolve().parent.parent

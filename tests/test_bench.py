@@ -28,7 +28,7 @@ from backends.bench.cli import figures, load_prompts, percentiles
 from backends.bench.stream import BenchError, Chunk, Outcome, SSEDecoder, parse_chunk
 from backends.runs.store import RunDir
 from console.fleet.hosts import Fleet
-from console.link.transport import LocalTransport
+from console.link.local import LocalTransport
 from console.render import bench_lines
 from console.tui.app import ConsoleApp
 from console.tui.panels import RunDetail, RunsTable

@@ -26,7 +26,7 @@ from backends.runs.store import RunSpec, RunStore
 from console import render
 from console.fleet import jobs
 from console.link.client import AgentClient
-from console.link.transport import LocalTransport
+from console.link.local import LocalTransport
 from console.tui.panels import RunDetail
 from tests.conftest import CLI, REPO, free_port, until
 from tests.test_tui_attention import console, launch

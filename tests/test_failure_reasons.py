@@ -28,7 +28,7 @@ from backends import serving
 from backends.runs import failure_reason
 from console.fleet.hosts import Fleet
 from console.link.client import AgentClient
-from console.link.transport import LocalTransport
+from console.link.local import LocalTransport
 from console.tui.app import ConsoleApp
 from console.tui.panels import RunDetail, RunsTable, detail_text
 from tests.conftest import CLI, Notes, launch, until, wait_state

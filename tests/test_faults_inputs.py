@@ -23,8 +23,8 @@ from console import render
 from console.cli.fleet_commands import watch_lines
 from console.fleet.hosts import Fleet
 from console.link.client import AgentClient
+from console.link.local import LocalTransport
 from console.link.ops import AgentError
-from console.link.transport import LocalTransport
 from console.tui.app import ConsoleApp
 from console.tui.panels import RunDetail, RunsTable, detail_text, run_row
 from console.visible import printable

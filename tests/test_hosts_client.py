@@ -13,8 +13,8 @@ import pytest
 from console.fleet.hosts import Fleet, HostsStatus
 from console.fleet.names import split
 from console.link.client import AgentClient
+from console.link.local import LocalTransport
 from console.link.ops import AgentError, TransportError
-from console.link.transport import LocalTransport
 
 SLEEPER = "import time; time.sleep(60)"
 

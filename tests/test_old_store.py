@@ -13,7 +13,7 @@ from pathlib import Path
 
 from backends import PACKAGE_ROOT
 from console.link.client import AgentClient
-from console.link.transport import LocalTransport
+from console.link.local import LocalTransport
 from tests.conftest import run_state, wait_for
 
 OLD_STORE = Path(__file__).with_name("old_store_0_1_0")

@@ -15,7 +15,7 @@ import pytest
 from textual.widgets import Button, Input
 
 from console.link.client import AgentClient
-from console.link.transport import LocalTransport
+from console.link.local import LocalTransport
 from console.tui.dialogs import ConfirmScreen, RelaunchScreen, preset_rows
 from tests.conftest import until
 from tests.test_serve_flags import DEPRECATED, NEW_SPELLING

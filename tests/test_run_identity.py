@@ -21,9 +21,9 @@ import pytest
 from backends.host import procinfo
 from backends.runs import control as runctl
 from backends.runs.store import CHILD_ONLY_ENV, ENV_RUN_ID, RunDir, RunSpec, RunStore
-from console.link import transport
+from console.link import local as local_link
 from console.link.client import AgentClient
-from console.link.transport import LocalTransport
+from console.link.local import LocalTransport
 from tests.conftest import CLI, wait_for
 from tests.sshd import ALIAS, Sshd
 
@@ -125,7 +125,7 @@ async def test_an_agent_started_with_a_runs_marker_sheds_it_and_so_do_its_superv
     for name, value in outer_run_env(tmp_path).items():
         monkeypatch.setenv(name, value)
     # An agent given the marker (started by hand inside a run, or by a console that passed it on).
-    monkeypatch.setattr(transport, "CHILD_ONLY_ENV", ())
+    monkeypatch.setattr(local_link, "CHILD_ONLY_ENV", ())
     local = LocalTransport(workdir)
     agent = AgentClient(local)
     await agent.start()

@@ -25,8 +25,8 @@ import pytest
 
 from console.cli import quick
 from console.link import reuse
+from console.link.local import LocalTransport
 from console.link.reuse_transport import ReusingTransport
-from console.link.transport import LocalTransport
 from tests.conftest import REPO, ctrl_c_reaches_it, wait_for
 from tests.sshd import ALIAS, Sshd, keygen
 

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from backends.fileio import read_jsonl
 from console.link.client import AgentClient
-from console.link.transport import LocalTransport
+from console.link.local import LocalTransport
 from console.tui.timeline import (
     compare,
     comparison_steps,

@@ -15,7 +15,7 @@ from textual.pilot import Pilot
 
 from console.fleet.hosts import Fleet
 from console.link.client import AgentClient
-from console.link.transport import LocalTransport
+from console.link.local import LocalTransport
 from console.tui.app import ConsoleApp
 from console.tui.dialogs import ConfirmScreen, HelpScreen, RelaunchScreen
 from console.tui.log import TailLog

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from console.fleet.hosts import Fleet
 from console.link.client import AgentClient
-from console.link.transport import LocalTransport
+from console.link.local import LocalTransport
 from console.tui.app import ConsoleApp
 from console.tui.chart import ChartPicker, ChartsPanel, MetricChart
 from console.tui.panels import RunsTable

@@ -16,7 +16,7 @@ from textual.app import App, ComposeResult
 
 from backends.protocol import GpuInfo, GpuProcess, RunInfo, StatusResult
 from console.fleet.hosts import Fleet
-from console.link.transport import LocalTransport
+from console.link.local import LocalTransport
 from console.tui.app import ConsoleApp
 from console.tui.gpu_panel import MARK, MAX_SAMPLES, WINDOW_S, GpuHistory, GpuPanel, Selection, gpu_text
 from tests.conftest import until

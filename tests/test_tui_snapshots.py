@@ -27,7 +27,7 @@ from backends.protocol import Diagnosis, MetricRow
 from backends.runs.store import EVENTS, EXIT, METRICS, OUTPUT, SPEC, WATCH, RunSpec
 from backends.runs.watch import Watch
 from console.fleet.hosts import Fleet
-from console.link.transport import LocalTransport
+from console.link.local import LocalTransport
 from console.tui import gpu_panel
 from console.tui.app import ConsoleApp
 from console.tui.chart import ChartsPanel, MetricChart

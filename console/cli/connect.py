@@ -31,7 +31,7 @@ def make_transport(
 ) -> Transport:
     """`trust_new_key` decides on a host key seen for the first time; None refuses it. `say` tells the person
     what the transport put right on the host (a repaired copy of the agent); None: a line on stderr."""
-    from console.link.transport import LocalTransport
+    from console.link.local import LocalTransport
 
     if ns.host == "local":
         if ns.remote_python is not None:

@@ -24,8 +24,8 @@ from backends.protocol import MAX_LINE_BYTES, PROTOCOL_VERSION, request_line, to
 from console.cli import config, connect, grammar
 from console.cli.one_shot import cmd_kill, cmd_stacks, cmd_status
 from console.cli.output import EXIT_FAILED, EXIT_OK, failed, note
-from console.link import deadlines, reuse
-from console.link.ops import AgentError, AgentOps, TransportError, reply_result
+from console.link import reuse
+from console.link.ops import AgentError, AgentOps, NoAnswer, TransportError, no_answer, reply_result, seconds_for
 
 T = TypeVar("T")
 ONE_SHOT: dict[str, Callable[[AgentOps, argparse.Namespace, list[str]], Coroutine[Any, Any, int]]] = {
@@ -40,7 +40,9 @@ class BlockingClient(AgentOps):
 
     def __init__(self, spec: str, timeout: float | None = None) -> None:
         self.spec = spec
-        self.timeout = timeout  # --timeout: every call's deadline; None: each call's own (`console.link.deadlines`)
+        self.timeout = (
+            timeout  # --timeout: every call's deadline; None: each call's own (`console.link.ops.seconds_for`)
+        )
         self._ids = itertools.count(1)
         self._sock: socket.socket | None = None
         self._lines: Any = None  # the socket's reading side, as a binary file
@@ -72,13 +74,13 @@ class BlockingClient(AgentOps):
         assert self._sock is not None
         request_id = next(self._ids)
         lost = f"{self.spec}: the shared connection was lost"
-        seconds = deadlines.seconds_for(op, arguments, self.timeout)
+        seconds = seconds_for(op, arguments, self.timeout)
         deadline = time.monotonic() + seconds
         try:
             self._sock.settimeout(seconds)
             self._sock.sendall(request_line(request_id, op, arguments))
         except TimeoutError:
-            raise deadlines.no_answer(self.spec, op, seconds) from None
+            raise no_answer(self.spec, op, seconds) from None
         except OSError:
             raise TransportError(lost + self._why()) from None
         while True:
@@ -87,7 +89,7 @@ class BlockingClient(AgentOps):
                 line = self._lines.readline(MAX_LINE_BYTES + 1)
                 size = self._dropped(line) if len(line) > MAX_LINE_BYTES else len(line)
             except TimeoutError:
-                raise deadlines.no_answer(self.spec, op, seconds) from None
+                raise no_answer(self.spec, op, seconds) from None
             except OSError:
                 line = b""
             if not line:
@@ -165,7 +167,7 @@ def answer(words: list[str]) -> int | None:
     except reuse.ReuseUnavailable as exc:
         reuse.passed_over[path] = exc  # the CLI's way takes it from here, without trying the socket again
         return None
-    except deadlines.NoAnswer as exc:  # as a hung ControlMaster's: said, not waited on twice
+    except NoAnswer as exc:  # as a hung ControlMaster's: said, not waited on twice
         client.close()
         note(f"{exc} (through the shared connection: --no-reuse connects afresh)")
         return EXIT_FAILED

@@ -21,8 +21,7 @@ from typing import Any, TypedDict, TypeVar, cast
 from backends.protocol import GpuInfo, HelloResult, RunInfo, StatusResult
 from console.fleet.names import SEPARATOR, key, split
 from console.link.client import AgentClient, Subscription
-from console.link.deadlines import NoAnswer
-from console.link.ops import AgentError, AgentOps, TransportError
+from console.link.ops import AgentError, AgentOps, NoAnswer, TransportError
 from console.link.transport import Transport
 
 T = TypeVar("T")

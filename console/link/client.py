@@ -25,8 +25,7 @@ from backends.protocol import (
     SubscribeResult,
     UnsubscribeResult,
 )
-from console.link import deadlines
-from console.link.ops import AgentError, AgentOps, TransportError, reply_result
+from console.link.ops import AgentError, AgentOps, NoAnswer, TransportError, no_answer, reply_result, seconds_for
 from console.link.transport import OversizedLine, Transport
 
 RECONNECT_BACKOFF_S = (1.0, 2.0, 4.0, 8.0, 15.0, 30.0)  # seconds between tries to reach a lost agent
@@ -74,7 +73,9 @@ class Subscription:
 class AgentClient(AgentOps):
     def __init__(self, transport: Transport, timeout: float | None = None) -> None:
         self.transport = transport
-        self.timeout = timeout  # --timeout: every call's deadline; None: each call's own (`console.link.deadlines`)
+        self.timeout = (
+            timeout  # --timeout: every call's deadline; None: each call's own (`console.link.ops.seconds_for`)
+        )
         self._ids = itertools.count(1)
         self._pending: dict[int | str, asyncio.Future[Any]] = {}
         self._ops: dict[int | str, str] = {}  # each pending request's op, to name it in an error
@@ -164,7 +165,7 @@ class AgentClient(AgentOps):
             except TransportError as exc:
                 if not exc.transient:
                     raise
-                died_at_start = died_at_start + 1 if self._opened and not isinstance(exc, deadlines.NoAnswer) else 0
+                died_at_start = died_at_start + 1 if self._opened and not isinstance(exc, NoAnswer) else 0
                 if died_at_start >= SAME_LOSS_LIMIT:
                     raise TransportError(
                         f"{exc}; the agent went before it greeted at each of {died_at_start} reconnects, "
@@ -199,14 +200,14 @@ class AgentClient(AgentOps):
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._pending[request_id] = future
         self._ops[request_id] = op
-        seconds = deadlines.seconds_for(op, args, self.timeout)
+        seconds = seconds_for(op, args, self.timeout)
         try:
             await self.transport.send(protocol.request_line(request_id, op, args))
             # asyncio.wait, not wait_for: Python 3.11's wait_for returns a reply that came as its caller was
             # cancelled and drops the cancel (a console's follow of a run no longer selected went on writing).
             await asyncio.wait((future,), timeout=seconds)
             if not future.done():
-                raise self._give_up(deadlines.no_answer(self.transport.description, op, seconds))
+                raise self._give_up(no_answer(self.transport.description, op, seconds))
             result = future.result()
             self._received |= op not in SETUP_OPS
             return result
@@ -227,7 +228,7 @@ class AgentClient(AgentOps):
                 if asked > 1:
                     await self._reconnect_once()
                 return await self.request(op, **args)
-            except deadlines.NoAnswer:
+            except NoAnswer:
                 raise
             except TransportError as exc:
                 if not exc.transient:
@@ -250,7 +251,7 @@ class AgentClient(AgentOps):
             if self.generation == generation or self.closed_reason is not None:
                 await self.reconnect()
 
-    def _give_up(self, error: deadlines.NoAnswer) -> deadlines.NoAnswer:
+    def _give_up(self, error: NoAnswer) -> NoAnswer:
         """The link given up, as when it drops: every call waiting on it fails and every stream ends, so that
         each caller reconnects (a new agent) rather than wait on one that does not answer."""
         if self._reader is not None:
@@ -382,7 +383,7 @@ async def follow(
     given up and reconnected like a lost one.
     """
     offsets = dict(offsets)
-    quiet_s = deadlines.seconds_for("hello", {}, client.timeout)
+    quiet_s = seconds_for("hello", {}, client.timeout)
     while True:
         sub = await client.subscribe(run=run, offsets=offsets)
         heard = [time.monotonic()]
