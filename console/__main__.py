@@ -1,10 +1,16 @@
-"""`eagle3-console` (and `python -m console`): a one-shot command through a running multiplexer when it can be
-(`console.cli.quick`: no event loop to import), else the whole command line (`console.cli.commands`), or, without
-a COMMAND, the terminal console (`console.tui`) on the hosts named."""
+"""`eagle3-console` (and `python -m console`): the entry, the one module that knows both the command line and the
+terminal console. A short command goes through a running multiplexer when it can (`console.cli.quick`: no event
+loop to import); else the command line runs it, the table here tying each command of `console.cli.grammar` to what
+does it (`console.cli.commands` for a command of one host, `console.cli.fleet_commands` for those that work on one
+host or several), over the fleet of the hosts it names (`console.fleet.hosts`); without a COMMAND, the terminal
+console (`console.tui`) opens on those hosts. Exit codes and messages: `console.cli.output`.
+"""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import os
 import sys
 from typing import TYPE_CHECKING
 
@@ -12,24 +18,117 @@ from console.cli import quick
 
 if TYPE_CHECKING:
     from console.cli import config
-    from console.link.transport import Transport
+    from console.cli.commands import Handler
+    from console.cli.fleet_commands import FleetHandler
+    from console.cli.grammar import Grammar
 
 
 def main() -> int:
     words = sys.argv[1:]
     code = quick.answer(words)
-    if code is None:
-        from console.cli import commands
+    return command_line(words) if code is None else code
 
-        code = commands.main(words, open_console)
-    return code
+
+@dataclasses.dataclass(frozen=True)
+class Command:
+    grammar: Grammar
+    run: FleetHandler
+
+
+def commands() -> dict[str, Command]:
+    """What each command does; `--help` lists them in `console.cli.grammar.GRAMMARS`' order. Built when the
+    command line runs: the quick way imports none of it."""
+    from console.cli import commands, fleet_commands, grammar, output
+
+    one_host: dict[str, Handler] = {"stacks": output.cmd_stacks, **commands.HANDLERS}
+    return {
+        g.name: Command(g, fleet_commands.HANDLERS.get(g.name) or fleet_commands.on_one_host(one_host[g.name]))
+        for g in grammar.GRAMMARS
+    }
+
+
+def command_line(words: list[str]) -> int:
+    import asyncio
+
+    from console.cli import config, connect, fleet_commands, grammar
+    from console.cli.output import EXIT_FAILED, EXIT_OK, EXIT_USAGE, UsageError, note
+
+    if "_ARGCOMPLETE" in os.environ:
+        complete_and_exit()
+    options, tail = grammar.split(words, grammar.GRAMMARS)
+    try:
+        settings = config.load()
+        rest = options[grammar.first_word(options) :]
+        if rest[:1] == ["hosts"] and set(rest[1:]) <= {"--json"} and not tail:
+            return list_hosts(settings, "--json" in rest)
+        ns = grammar.build_parser(grammar.GRAMMARS).parse_args(options)
+        hosts = settings.expand(ns.host)
+        named = hosts != [ns.host]  # a list or a group, even of one: the answer has the same shape for any size
+        if ns.command is None:
+            return open_console(ns, hosts, settings, named)
+        command = commands()[ns.command]
+        command.grammar.check_tail(tail)
+        if command.grammar.tail == "rest":
+            stage, tail = grammar.stage_options(ns.command, tail)
+            vars(ns).update(vars(stage))
+        if ns.command in config.CHANGES and not getattr(ns, "dry_run", False):
+            config.refuse_if_readonly(ns, hosts, settings)
+        nodes = getattr(ns, "nodes", None)  # a stage's or serve's: a job over the hosts
+        if nodes is not None and (nodes > 1 or named) and nodes != len(hosts):
+            raise UsageError(
+                f"--nodes {nodes} runs one node per host: give {nodes} hosts (a,b or a group), not {len(hosts)}"
+            )
+        if named and nodes is None:
+            fleet_commands.check(ns, tail)
+        if not named:
+            ns = connect.host_options(ns, hosts[0], settings)
+        fleet = connect.fleet_of(ns, hosts, settings, connect.command_transport, note, named)
+        return asyncio.run(fleet_commands.run_on(fleet, command.run, ns, tail))
+    except (UsageError, config.ConfigError) as exc:
+        note(str(exc))
+        return EXIT_USAGE
+    except config.ReadOnly as exc:
+        note(str(exc))
+        return EXIT_FAILED
+    except KeyboardInterrupt:
+        return EXIT_OK
+    except BrokenPipeError:
+        # stdout closed early (e.g. `| head`): not an error of ours.
+        sys.stderr.close()
+        return EXIT_OK
+
+
+def list_hosts(settings: config.Config, as_json: bool) -> int:
+    """`eagle3-console hosts`: each host, where it is, what it sets."""
+    from console import render
+    from console.cli import config
+    from console.cli.output import EXIT_OK, dump, out
+
+    hosts = config.known_hosts(settings)
+    if as_json:
+        dump([dataclasses.asdict(host) for host in hosts])
+    elif hosts:
+        settings_of = {host.name: " ".join(f"{key}={value}" for key, value in host.settings.items()) for host in hosts}
+        rows = [[h.name, h.address, h.source, settings_of[h.name], h.description] for h in hosts]
+        out(render.table(["HOST", "ADDRESS", "FROM", "SETTINGS", "DESCRIPTION"], rows))
+    else:
+        out(f"no hosts yet: name them in {settings.path}, or as Host entries in ~/.ssh/config")
+    return EXIT_OK
+
+
+def complete_and_exit() -> None:
+    """The shell asks for completions (argcomplete's hook set _ARGCOMPLETE): answer from the grammar, and exit."""
+    import argcomplete
+
+    from console.cli import grammar
+
+    argcomplete.autocomplete(grammar.build_parser(grammar.GRAMMARS, completing=True))
 
 
 def open_console(ns: argparse.Namespace, hosts: list[str], settings: config.Config, named: bool) -> int:
     """The terminal console (Textual) on HOST, or on several hosts at once (a HOST column, each link its own)."""
     from console.cli import connect
-    from console.cli.grammar import UsageError
-    from console.cli.output import EXIT_FAILED, EXIT_OK
+    from console.cli.output import EXIT_FAILED, EXIT_OK, UsageError
     from console.tui.app import ConsoleApp
 
     if not sys.stdout.isatty():
@@ -40,10 +139,8 @@ def open_console(ns: argparse.Namespace, hosts: list[str], settings: config.Conf
     def tell(text: str) -> None:
         app.notify(text, severity="warning", timeout=30, markup=False)
 
-    def transport_of(own: argparse.Namespace) -> Transport:
-        return connect.make_transport(own, lambda offered: app.trust_new_key(offered), tell)
-
-    fleet = connect.fleet_of(ns, hosts, settings, transport_of, tell, named)
+    transports = connect.transports(lambda offered: app.trust_new_key(offered), tell)
+    fleet = connect.fleet_of(ns, hosts, settings, transports, tell, named)
     # One read-only host makes the whole console so.
     readonly = any(connect.host_options(ns, host, settings).readonly for host in hosts)
     app = ConsoleApp(fleet, readonly=readonly, accept_new_host_key=ns.accept_new_host_key)

@@ -389,7 +389,7 @@ def test_status_and_kill_over_ssh_start_without_an_event_loop_the_serving_engine
         # No multiplexer serves gpu-host: the quick way declines, having loaded nothing heavy.
         assert modules_after(f"from console.cli import quick\nassert quick.answer({words!r}) is None", tmp_path) == []
     # ... which serve does load, when it builds the server's command line.
-    parsed = "commands.build_parser().parse_args(['h', 'serve', 'T', 'D'])"
-    serve = "from console import actions\nfrom console.cli import commands\n"
-    serve += f"actions.serve_argv(commands.launched({parsed}, []))"
+    parsed = "grammar.build_parser(grammar.GRAMMARS).parse_args(['h', 'serve', 'T', 'D'])"
+    serve = "from console import actions\nfrom console.cli import fleet_commands, grammar\n"
+    serve += f"actions.serve_argv(fleet_commands.launched({parsed}, []))"
     assert "backends.serving" in modules_after(serve, tmp_path)

@@ -21,7 +21,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from console.cli import config
-from console.cli.commands import build_parser
+from console.cli.grammar import GRAMMARS, build_parser
 from tests.conftest import REPO
 from tests.sshd import ALIAS, Sshd
 from tests.tmux import Tmux
@@ -58,7 +58,7 @@ def test_every_option_and_argument_of_every_command_says_what_it_is() -> None:
             elif not isinstance(action, argparse._HelpAction) and action.help in (None, "", argparse.SUPPRESS):
                 silent.append(f"{path} {'/'.join(action.option_strings) or action.dest}")
 
-    walk(build_parser(completing=True), "eagle3-console")
+    walk(build_parser(GRAMMARS, completing=True), "eagle3-console")
     assert silent == []
 
 

@@ -154,7 +154,7 @@ def test_the_console_says_when_it_repaired_the_agent_copy(
     sshd: Sshd, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from console.__main__ import open_console
-    from console.cli import commands, config, output
+    from console.cli import config, grammar, output
     from console.tui.app import ConsoleApp
 
     workdir = tmp_path / "work"
@@ -170,7 +170,7 @@ def test_the_console_says_when_it_repaired_the_agent_copy(
             await pilot.press("q")
 
     monkeypatch.setattr(ConsoleApp, "run", lambda app: asyncio.run(shown(app)))
-    ns = commands.build_parser().parse_args(["--workdir", str(workdir), ALIAS])
+    ns = grammar.build_parser(grammar.GRAMMARS).parse_args(["--workdir", str(workdir), ALIAS])
     assert open_console(ns, [ALIAS], config.Config(workdir / "config.toml"), named=False) == output.EXIT_OK
     [note] = notes
     assert note.severity == "warning" and "removed: backends/evil.py" in note.message

@@ -25,7 +25,8 @@ from backends.runs.store import RunDir, RunSpec
 from backends.sglang import server_metrics
 from backends.sglang.server_metrics import ServerMetrics, quantile
 from console.actions import Serve, serve_argv
-from console.cli.commands import build_parser, launched
+from console.cli.fleet_commands import launched
+from console.cli.grammar import GRAMMARS, build_parser
 from tests.conftest import CLI, REPO, free_port, launch, wait_for, wait_state
 from tests.standin_metrics import ITL_S, TTFT_S, StandinMetrics
 
@@ -142,7 +143,7 @@ def test_the_metrics_endpoint_is_beside_the_health_url_when_the_command_turns_it
 
 def serve_command(*args: str, flags: tuple[str, ...] = ()) -> list[str]:
     """The server's command line that `serve T D ARGS [-- FLAGS]` builds, through the CLI's own reading of it."""
-    ns = build_parser().parse_args(["local", "serve", "T", "D", *args])
+    ns = build_parser(GRAMMARS).parse_args(["local", "serve", "T", "D", *args])
     serve = launched(ns, list(flags))
     assert isinstance(serve, Serve)
     return serve_argv(serve)

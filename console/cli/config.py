@@ -261,6 +261,23 @@ def readonly_source(given: bool | None, host: str, settings: Config) -> str | No
     return None if table is None else f"readonly = true in {settings.path} [{table}]"
 
 
+# The commands that change a host (their --dry-run changes nothing): read-only refuses them.
+CHANGES = frozenset({"kill", "relaunch", "free-gpus", "launch", "serve", "train", "extract", "bench", "convert"})
+
+
+class ReadOnly(Exception):
+    """A command that changes the host, refused by the read-only setting; the message says where it is set."""
+
+
+def refuse_if_readonly(ns: argparse.Namespace, hosts: list[str], settings: Config) -> None:
+    """ReadOnly when the setting in force for any of the hosts is read-only, saying where it comes from."""
+    for host in hosts:
+        source = readonly_source(ns.readonly, host, settings)
+        if source is not None:
+            allow = "" if source == "--readonly" else "; --no-readonly allows it for one command"
+            raise ReadOnly(f"{ns.command} refused: {host} is read-only here ({source}){allow}")
+
+
 def apply_settings(ns: argparse.Namespace, settings: Config) -> None:
     """What the command line left unset, from config.toml's settings for HOST (a name there becomes its address)."""
     address, chosen = settings.settings_for(ns.host)

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from console.cli import config
-from console.cli.grammar import UsageError
+from console.cli.output import UsageError
 from console.link import reuse
 
 if TYPE_CHECKING:
@@ -47,6 +47,12 @@ def make_transport(
     if say is not None:
         transport.say = say
     return transport
+
+
+def transports(trust_new_key: TrustNewKey, say: Callable[[str], None]) -> TransportFor:
+    """Each host's transport, direct, `trust_new_key` deciding on a host key seen for the first time and `say`
+    telling what a transport put right (the console: a dialog and a notification)."""
+    return lambda own: make_transport(own, trust_new_key, say)
 
 
 def terminal_trust(ns: argparse.Namespace) -> TrustNewKey | None:

@@ -1,8 +1,9 @@
-"""The commands that work on one host or several alike (`status`, `watch`, `free-gpus`, `kill`, `relaunch`), each
-once, over the command's fleet (`console.fleet.hosts`). A host given alone answers as itself; a list or a group
-(a group of one too: a script gets the same shape whatever its size) answers host by host, every line or JSON
-object saying which host it is about, and a host that cannot be reached is said (and fails the exit code)
-without hiding the others. `kill` and `relaunch` take a run on one host, a multi-node job on several.
+"""The commands that work on one host or several alike (`status`, `watch`, `free-gpus`, `kill`, `relaunch`) and those
+that launch (`launch`, `serve`, `extract`, `train`: a run on one host, or a job of a node per host), each once, over
+the command's fleet (`console.fleet.hosts`), acting through `console.actions`. A host given alone answers as itself;
+a list or a group (a group of one too: a script gets the same shape whatever its size) answers host by host, every
+line or JSON object saying which host it is about, and a host that cannot be reached is said (and fails the exit
+code) without hiding the others. `kill` and `relaunch` take a run on one host, a multi-node job on several.
 """
 
 from __future__ import annotations
@@ -10,24 +11,47 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import sys
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
-from backends.protocol import TERMINAL_STATES, LaunchResult
+from backends.protocol import TERMINAL_STATES, JobNode, LaunchResult
 from console import actions, render
-from console.cli import one_shot
-from console.cli.grammar import UsageError
-from console.cli.output import EXIT_FAILED, EXIT_OK, doctor_text, dump, note, out, report
+from console.cli import output
+from console.cli.commands import Handler, follow_metrics, follow_startup
+from console.cli.output import EXIT_FAILED, EXIT_OK, UsageError, doctor_text, dump, failed, note, out, report
 from console.fleet import jobs
 from console.fleet.hosts import Fleet, Member, host_json
 from console.link.client import AgentClient, reconnect_and_say
-from console.link.ops import AgentOps, TransportError
+from console.link.ops import AgentError, AgentOps, TransportError
 
 # What a command that works on the fleet does, given it, its options and its tail; its exit code.
 FleetHandler = Callable[[Fleet, argparse.Namespace, list[str]], Awaitable[int]]
 SPANNING = ("status", "watch", "free-gpus", "kill", "relaunch")
+
+
+def on_one_host(handler: Handler) -> FleetHandler:
+    """A command of one host, run on the host of its fleet (`check` refuses it several first)."""
+
+    async def run(fleet: Fleet, ns: argparse.Namespace, tail: list[str]) -> int:
+        return await handler(fleet.only.client, ns, tail)
+
+    return run
+
+
+async def run_on(fleet: Fleet, handler: FleetHandler, ns: argparse.Namespace, tail: list[str]) -> int:
+    """The command over its fleet: a host given alone is reached first (its failure is the command's, said in one
+    line); the hosts of a list or group each when asked, each failure said on its own."""
+    try:
+        if fleet.alone is not None:
+            await fleet.alone.start()
+        return await handler(fleet, ns, tail)
+    except (AgentError, TransportError) as exc:
+        return failed(exc)
+    finally:
+        await fleet.close()
 
 
 def check(ns: argparse.Namespace, tail: list[str]) -> None:
@@ -58,7 +82,7 @@ def code(fleet: Fleet) -> int:
 
 async def cmd_status(fleet: Fleet, ns: argparse.Namespace, tail: list[str]) -> int:
     if fleet.alone is not None:
-        return await one_shot.cmd_status(fleet.alone, ns, tail)
+        return await output.cmd_status(fleet.alone, ns, tail)
     answers = await fleet.each(lambda client: client.status())
     found = jobs.gather((m.name, result["runs"]) for m, result in zip(fleet.members, answers, strict=True) if result)
     down = {m.name: m.error_at for m in fleet.members if m.error_at is not None}
@@ -108,7 +132,7 @@ async def cmd_free_gpus(fleet: Fleet, ns: argparse.Namespace, _: list[str]) -> i
 
 async def cmd_kill(fleet: Fleet, ns: argparse.Namespace, tail: list[str]) -> int:
     if fleet.alone is not None:
-        return await one_shot.cmd_kill(fleet.alone, ns, tail)
+        return await output.cmd_kill(fleet.alone, ns, tail)
     answers = await actions.kill_job(fleet, ns.run, ns.signal, ns.grace)
     if ns.json:
         killed = [None if result is None else {"killed": result} for result in answers]
@@ -215,6 +239,78 @@ def report_launched(result: LaunchResult, as_json: bool) -> int:
     return EXIT_OK
 
 
+async def cmd_launch(fleet: Fleet, ns: argparse.Namespace, argv: list[str]) -> int:
+    if not argv:
+        raise UsageError("launch needs the command after '--', e.g. launch command -- python train.py")
+    if ns.sglang_python is not None and ns.kind != "serve":
+        why = f"--sglang-python names the Python of SGLang's server: it goes with launch serve, not {ns.kind}"
+        raise UsageError(why)
+    run = actions.RunOptions(ns.name, dict(ns.env), ns.cwd or os.getcwd(), ns.gpus, ns.force)
+    command = actions.Command(
+        ns.kind, argv, ns.health_url, ns.metrics_url, ns.sglang_python, ns.metrics_from, launched_node(ns), run
+    )
+    return report_launched(await actions.launch(fleet.only, command), ns.json)
+
+
+def launched_node(ns: argparse.Namespace) -> JobNode | None:
+    """`launch --job NAME --node-rank R --nnodes N`: the node it names, or None without them."""
+    given = (ns.job, ns.node_rank, ns.nnodes)
+    if all(value is None for value in given):
+        return None
+    if any(value is None for value in given):
+        raise UsageError("a node of a job takes --job NAME, --node-rank R and --nnodes N together")
+    if not 0 <= ns.node_rank < ns.nnodes:
+        raise UsageError(f"--node-rank is 0 to {ns.nnodes - 1} for --nnodes {ns.nnodes}")
+    return {"id": ns.job, "node_rank": ns.node_rank, "nnodes": ns.nnodes}
+
+
+def launched(ns: argparse.Namespace, tail: list[str]) -> actions.Ours:
+    """What `extract`/`train` (`ns` holding the run options that `main` took out of the stage's words, `tail` the
+    stage's own) or `serve` (`tail` its extra server flags) launches."""
+    if ns.command == "serve":
+        run = actions.RunOptions(ns.name, dict(ns.env), os.getcwd(), ns.gpus, ns.force)
+        return actions.Serve(ns.target, ns.draft, tail, ns.python, ns.port, not ns.no_metrics, ns.sglang_python, run)
+    run = actions.RunOptions(ns.name, dict(ns.env), ns.cwd or os.getcwd(), ns.gpus)
+    return actions.Stage(ns.command, tail, ns.python, ns.nproc, run)
+
+
+async def cmd_launched(fleet: Fleet, ns: argparse.Namespace, tail: list[str]) -> int:
+    """`extract`, `train` and `serve`: on one host, or with --nodes as a job with a node per host."""
+    what = launched(ns, tail)
+    if ns.nodes is not None and (ns.nodes > 1 or fleet.named):
+        return await launch_job(fleet, ns, what)
+    member = fleet.only
+    code = report_launched(result := await actions.launch(member, what), as_json=False)
+    if code != EXIT_OK or not ns.follow:
+        return code
+    return await follow_launched(member.client, what, result["run"])
+
+
+async def follow_launched(client: AgentClient, what: actions.Ours, run: str) -> int:
+    """A server followed to its readiness, a stage to its end."""
+    return await (follow_startup(client, run) if isinstance(what, actions.Serve) else follow_metrics(client, run))
+
+
+async def launch_job(fleet: Fleet, ns: argparse.Namespace, what: actions.Ours) -> int:
+    """`a,b train --nodes 2 ...`: the job, its id on stdout, each node's fate said; node 0 followed with --follow."""
+    try:
+        job = await actions.launch_job(fleet, what, ns.rdzv_host)
+    except actions.Refused as exc:
+        return refused(fleet, exc)
+    out(job.id)
+    note(
+        f"job {job.id}: {len(job.nodes)} nodes meeting at {job.meeting} ({job.engine}); `kill {job.id}` stops them all"
+    )
+    for node in job.nodes:
+        node.member.say(f"node {node.rank}: {node.said}")
+    if not job.whole:
+        note(f"job {job.id} did not start on every node; the nodes that had started were stopped")
+        return EXIT_FAILED
+    first = job.nodes[0]
+    assert first.started is not None
+    return await follow_launched(first.member.client, what, first.started["run"]) if ns.follow else EXIT_OK
+
+
 async def watch_runs(
     client: AgentClient, interval: float, as_json: bool, say: Callable[[str], None], host: str | None = None
 ) -> None:
@@ -268,4 +364,8 @@ HANDLERS: dict[str, FleetHandler] = {
     "kill": cmd_kill,
     "relaunch": cmd_relaunch,
     "free-gpus": cmd_free_gpus,
+    "launch": cmd_launch,
+    "serve": cmd_launched,
+    "extract": cmd_launched,
+    "train": cmd_launched,
 }

@@ -18,13 +18,10 @@ from typing import Literal, NoReturn
 import backends
 from backends.protocol import MIN_INTERVAL_S, RUN_KINDS, SIGNAL_NAMES, parse_source
 from console.cli import config
+from console.cli.output import UsageError
 
 # The global options that take a value: the word after each is not HOST.
 VALUED_OPTIONS = ("--workdir", "--remote-python", "--timeout")
-
-
-class UsageError(Exception):
-    pass
 
 
 class Parser(argparse.ArgumentParser):

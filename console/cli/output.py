@@ -1,4 +1,7 @@
-"""What a command prints and the code it exits with: data on stdout, one line for the person on stderr.
+"""What a command prints and the code it exits with: data on stdout, one line for the person on stderr; and the
+commands answered by one request (`status`, `stacks`, `kill`), which print their answer and are done. Nothing of
+theirs streams, so they run on either client: the asyncio one of the command line, or the blocking one of
+`console.cli.quick`, and import no event loop themselves.
 
 Exit codes: 0 ok, 1 the operation failed, 2 usage error; every failure is one line on stderr that says what
 happened and what to do.
@@ -6,14 +9,20 @@ happened and what to do.
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 
 from backends.protocol import DoctorResult
-from console.link.ops import AgentError, TransportError
+from console import render
+from console.link.ops import AgentError, AgentOps, TransportError
 from console.visible import printable, visible
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+
+
+class UsageError(Exception):
+    """A command given wrongly (its words, an option that does not go with another): one line, exit 2."""
 
 
 def note(text: str) -> None:
@@ -52,3 +61,32 @@ def failed(exc: AgentError | TransportError) -> int:
         report(doctor_text(exc.details))
     note(exc.message)
     return EXIT_USAGE if exc.code in ("bad_args", "unknown_op") else EXIT_FAILED
+
+
+async def cmd_status(client: AgentOps, ns: argparse.Namespace, _: list[str]) -> int:
+    if ns.run is not None:
+        run = await client.run_info(ns.run)
+        dump(run) if ns.json else out("\n".join([render.run_text(run), *render.bench_lines(run.get("bench"))]))
+        return EXIT_OK
+    status = await client.status()
+    if ns.json:
+        dump(status)
+    else:
+        out(render.status_text(status))
+    return EXIT_OK
+
+
+async def cmd_stacks(client: AgentOps, ns: argparse.Namespace, _: list[str]) -> int:
+    result = await client.stacks(ns.run, now=ns.now)
+    note(f"{result['file']} (taken {render.clock(result['taken_at'])})")
+    sys.stdout.write(visible(result["text"]))  # frames name the run's argv and files: shown, never obeyed
+    return EXIT_OK
+
+
+async def cmd_kill(client: AgentOps, ns: argparse.Namespace, _: list[str]) -> int:
+    result = await client.kill(ns.run, signal=ns.signal, grace=ns.grace)
+    if ns.json:
+        dump(result)
+    else:
+        out(render.kill_text(result))
+    return EXIT_OK if all(p["died"] for p in result["processes"]) else EXIT_FAILED

@@ -1,10 +1,10 @@
-"""The short commands (`status`, `stacks`, `kill`: one request, one answer) through the host's running
-multiplexer, with no event loop: scripts call them in loops, and importing asyncio alone took longer (23 ms)
-than the kill itself.
+"""The short commands (`status`, `stacks`, `kill`: one request, one answer), and their quick way through the
+host's running multiplexer, with no event loop: scripts call them in loops, and importing asyncio alone took
+longer (23 ms) than the kill itself.
 
-`answer(words)` answers such a command when a multiplexer serves its host, else says None and the CLI goes
-its usual way (which starts a multiplexer). It speaks only to a socket of this user's, whose peer is this
-user, that greets as a multiplexer (the checks of `console.link.reuse`).
+`answer(words)` answers such a command (`console.cli.output`'s `cmd_*`) when a multiplexer serves its host, else
+says None and the CLI goes its usual way (which starts a multiplexer). It speaks only to a socket of this user's,
+whose peer is this user, that greets as a multiplexer (the checks of `console.link.reuse`).
 """
 
 from __future__ import annotations
@@ -22,12 +22,13 @@ from typing import Any, TypeVar
 
 from backends.protocol import MAX_LINE_BYTES, PROTOCOL_VERSION, request_line, too_large_reply
 from console.cli import config, connect, grammar
-from console.cli.one_shot import cmd_kill, cmd_stacks, cmd_status
-from console.cli.output import EXIT_FAILED, EXIT_OK, failed, note
+from console.cli.output import EXIT_FAILED, EXIT_OK, UsageError, cmd_kill, cmd_stacks, cmd_status, failed, note
 from console.link import reuse
 from console.link.ops import AgentError, AgentOps, NoAnswer, TransportError, no_answer, reply_result, seconds_for
 
 T = TypeVar("T")
+
+
 ONE_SHOT: dict[str, Callable[[AgentOps, argparse.Namespace, list[str]], Coroutine[Any, Any, int]]] = {
     "status": cmd_status,
     "stacks": cmd_stacks,
@@ -148,7 +149,7 @@ def answer(words: list[str]) -> int | None:
         if settings.expand(ns.host) != [ns.host]:
             return None  # several hosts: each on a connection of its own (`console.fleet.hosts`)
         config.apply_settings(ns, settings)
-    except (grammar.UsageError, config.ConfigError):
+    except (UsageError, config.ConfigError):
         return None  # the CLI says what is wrong
     command = ONE_SHOT.get(ns.command)
     if command is None or tail or ns.host == "local" or ns.no_reuse:
