@@ -33,6 +33,7 @@ from backends.host.freegpus import FreePlan, free_gpus
 from backends.host.gpus import GpuSampler, infer_by_visible_devices
 from backends.masking import mask_argv
 from backends.protocol import (
+    CHILD_ONLY_ENV,
     FRAME_BYTES,
     MAX_LINE_BYTES,
     MIN_INTERVAL_S,
@@ -64,7 +65,6 @@ from backends.runs import control as runctl
 from backends.runs import job, once, preflight
 from backends.runs.holders import RunHolders
 from backends.runs.store import (
-    CHILD_ONLY_ENV,
     DEFAULT_WORKDIR,
     EVENTS,
     METRICS,

@@ -118,6 +118,13 @@ class Metric:
 
 # Where a run's child writes its metric rows (one JSON object per line): set by the supervisor for every run.
 ENV_METRICS_FILE = "EAGLE3_METRICS_FILE"
+# Set for every child, so that its own code (and ours) can find the run; ENV_RUN_ID also marks
+# every process of the run (children inherit it), which is one way `RunDir.processes` proves them ours.
+ENV_RUN_ID = "EAGLE3_RUN_ID"
+ENV_RUN_DIR = "EAGLE3_RUN_DIR"
+# What the supervisor sets for a run's child alone: the agent, the supervisors and the console's local agent
+# start without them, so that a run launched from inside a run is its own, never counted as the outer run's.
+CHILD_ONLY_ENV = (ENV_RUN_ID, ENV_RUN_DIR, ENV_METRICS_FILE)
 # Where a `train` run's metrics come from when its trainer is not ours (`--metrics-from`; read by
 # `backends.runs.metrics_sources`).
 METRICS_SOURCES: tuple[str, ...] = ("jsonl", "specforge", "speculators", "eagle", "tensorboard")

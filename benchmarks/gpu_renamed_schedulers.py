@@ -23,8 +23,9 @@ from pathlib import Path
 import pynvml
 
 from backends.host import procinfo
+from backends.protocol import ENV_RUN_ID
 from backends.runs import control
-from backends.runs.store import ENV_RUN_ID, RunSpec, RunStore
+from backends.runs.store import RunSpec, RunStore
 from benchmarks._common import print_table
 
 HOLD_GIB = 2

@@ -59,8 +59,9 @@ def workdir(tmp_path: Path) -> Iterator[Path]:
     path = tmp_path / "work"
     yield path
     from backends.host import procinfo
+    from backends.protocol import ENV_RUN_ID
     from backends.runs import control as runctl
-    from backends.runs.store import ENV_RUN_ID, RunStore
+    from backends.runs.store import RunStore
 
     if (path / "runs").is_dir():
         # A run with no child recorded has live processes only if one carries its id in its environment: one read

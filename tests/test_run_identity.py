@@ -19,8 +19,9 @@ from pathlib import Path
 import pytest
 
 from backends.host import procinfo
+from backends.protocol import CHILD_ONLY_ENV, ENV_RUN_ID
 from backends.runs import control as runctl
-from backends.runs.store import CHILD_ONLY_ENV, ENV_RUN_ID, RunDir, RunSpec, RunStore
+from backends.runs.store import RunDir, RunSpec, RunStore
 from console.link import local as local_link
 from console.link.client import AgentClient
 from console.link.local import LocalTransport

@@ -214,10 +214,12 @@ def test_serve_with_no_metrics_keeps_its_decode_lines_figures(cli: CLI, tmp_path
 
 @pytest.mark.parametrize("missing", ["httpx", "prometheus_client"])
 def test_a_host_without_the_http_or_metrics_library_says_once_that_server_metrics_are_off(
-    missing: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    missing: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest
 ) -> None:
     if missing == "httpx":
-        monkeypatch.setattr(watch, "HTTPX_MISSING", "httpx is not installed (No module named 'httpx')")
+        monkeypatch.setitem(sys.modules, "httpx", None)  # importing it now fails, as on a host without it
+        watch.httpx_missing.cache_clear()
+        request.addfinalizer(watch.httpx_missing.cache_clear)
     else:
         monkeypatch.setattr(server_metrics, "missing_parser", lambda: "prometheus_client is not installed (...)")
     argv = ["python3", "-m", "sglang.launch_server", "--model-path", "m", "--enable-metrics"]

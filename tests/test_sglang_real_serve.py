@@ -21,7 +21,8 @@ from pathlib import Path
 from hypothesis import given
 from hypothesis import strategies as st
 
-from backends.runs.store import ENV_RUN_ID, RunDir
+from backends.protocol import ENV_RUN_ID
+from backends.runs.store import RunDir
 from backends.sglang import log as sglang_log
 from tests.conftest import CLI, free_port, launch, run_info, wait_for, wait_state
 

@@ -30,8 +30,16 @@ from backends.bench.prompts import PROMPTS
 from backends.bench.stream import APIS, BenchError, Outcome
 from backends.fileio import append_jsonl
 from backends.masking import mask_argv
-from backends.protocol import TERMINAL_STATES, BenchFigures, BenchResult, BenchSettings, Percentiles
-from backends.runs.store import BENCH, ENV_RUN_DIR, ENV_RUN_ID, RunDir, RunSpec, RunStore, StoreError
+from backends.protocol import (
+    ENV_RUN_DIR,
+    ENV_RUN_ID,
+    TERMINAL_STATES,
+    BenchFigures,
+    BenchResult,
+    BenchSettings,
+    Percentiles,
+)
+from backends.runs.store import BENCH, RunDir, RunSpec, RunStore, StoreError
 
 BUILTIN = "builtin"
 MODULE = "backends.bench"

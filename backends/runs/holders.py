@@ -16,7 +16,8 @@ from pathlib import Path
 
 from backends.host import procinfo
 from backends.host.freegpus import RunHolder
-from backends.runs.store import ENV_RUN_DIR, RUN_ID_RE, RUNS, CorruptFile, RunDir, RunStore
+from backends.protocol import ENV_RUN_DIR
+from backends.runs.store import RUN_ID_RE, RUNS, CorruptFile, RunDir, RunStore
 
 
 class RunHolders:

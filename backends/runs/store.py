@@ -46,7 +46,7 @@ from backends.host import diskspace, procinfo
 from backends.masking import mask_argv, mask_env
 from backends.protocol import (
     BENCH_SHOWN,
-    ENV_METRICS_FILE,
+    ENV_RUN_ID,
     PROGRESS_METRICS,
     RUN_KINDS,
     TERMINAL_STATES,
@@ -89,14 +89,6 @@ RESERVED = (PROC, EXIT)
 SUPERVISOR_START_TIMEOUT_S = 30.0
 # A run folder without spec.json is being made this long after it appeared; later, it is corrupt.
 SPEC_WRITE_GRACE_S = 5.0
-
-# Set for every child, so that its own code (and ours) can find the run; ENV_RUN_ID also marks
-# every process of the run (children inherit it), which is one way `RunDir.processes` proves them ours.
-ENV_RUN_ID = "EAGLE3_RUN_ID"
-ENV_RUN_DIR = "EAGLE3_RUN_DIR"
-# What the supervisor sets for a run's child alone: the agent, the supervisors and the console's local agent
-# start without them, so that a run launched from inside a run is its own, never counted as the outer run's.
-CHILD_ONLY_ENV = (ENV_RUN_ID, ENV_RUN_DIR, ENV_METRICS_FILE)
 
 RUN_ID_RE = re.compile(r"^[0-9]{8}-[0-9]{6}-[0-9]{3}-[0-9a-f]{4}$")
 

@@ -25,13 +25,10 @@ from pathlib import Path
 from backends.fileio import atomic_write_json, open_private
 from backends.host import diskspace, procinfo
 from backends.host.gpus import GpuSampler
-from backends.protocol import ENV_METRICS_FILE
+from backends.protocol import CHILD_ONLY_ENV, ENV_METRICS_FILE, ENV_RUN_DIR, ENV_RUN_ID
 from backends.runs import failure_reason, watch
 from backends.runs.metrics_sources import MetricsFollower
 from backends.runs.store import (
-    CHILD_ONLY_ENV,
-    ENV_RUN_DIR,
-    ENV_RUN_ID,
     EXIT,
     METRICS,
     OUTPUT,

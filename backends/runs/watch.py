@@ -27,6 +27,7 @@ watch.json's state becomes the run's final one.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import shutil
 import subprocess
@@ -37,6 +38,7 @@ import traceback
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from backends import serving, shipped
 from backends.fileio import append_jsonl, atomic_write_bytes, atomic_write_json, private_dir
@@ -47,13 +49,8 @@ from backends.protocol import Diagnosis, Metric, StalledProcess
 from backends.runs import stalled
 from backends.runs.store import METRICS, OUTPUT, STACKS, WATCH, CorruptFile, RunDir, RunSpec, SpecError, signalled_by_us
 
-HTTPX_MISSING: str | None
-try:
+if TYPE_CHECKING:
     import httpx
-except ImportError as exc:  # an agent host without its dependencies: health and server metrics are off, said once
-    HTTPX_MISSING = f"httpx is not installed ({exc})"
-else:
-    HTTPX_MISSING = None
 
 TICK_S = 1.0
 READ_MAX = 16 * 1024 * 1024  # output read per tick; a flood is caught up over the next ticks
@@ -134,8 +131,22 @@ def unwatched(spec: RunSpec, url: str | None) -> str | None:
     return None
 
 
+@functools.cache
+def httpx_missing() -> str | None:
+    """Why httpx cannot be imported (an agent host without its dependencies: health polls and server metrics are
+    off, said once), or None. Asked only for a run with a URL to poll: importing httpx is 60-130 ms of every
+    supervisor's and agent's start, and most runs poll nothing."""
+    try:
+        import httpx  # noqa: F401
+    except ImportError as exc:
+        return f"httpx is not installed ({exc})"
+    return None
+
+
 def poll_health(client: httpx.Client, url: str) -> str:
     """`ok` (200), `http NNN`, `refused` (not listening yet) or `error: ...`."""
+    import httpx
+
     if not url.startswith(("http://", "https://")):
         return f"error: {url} is not an http(s) URL"
     try:
@@ -261,8 +272,8 @@ class RunWatcher:
         self._thread = threading.Thread(target=self._loop, name="run-watch", daemon=True)
 
     def start(self) -> None:
-        if HTTPX_MISSING is not None and self.url is not None:
-            off = f"health polls and server metrics are off: {HTTPX_MISSING}; the server's ready line is read instead"
+        if self.url is not None and (missing := httpx_missing()) is not None:
+            off = f"health polls and server metrics are off: {missing}; the server's ready line is read instead"
             self.url = None
         elif self.metrics is not None and (missing := self.metrics[1].unavailable()) is not None:
             off = f"server metrics are off: {missing}; the output's decode figures are read instead"
@@ -379,6 +390,8 @@ class RunWatcher:
         self.watch.diagnoses.append(found)
 
     def _http(self) -> httpx.Client:
+        import httpx
+
         if self.client is None:
             # Redirects followed, as urllib did: a health URL behind one still answers.
             self.client = httpx.Client(timeout=HEALTH_TIMEOUT_S, follow_redirects=True)
@@ -386,6 +399,8 @@ class RunWatcher:
 
     def _scrape(self, url: str, reader: serving.ServerMetrics) -> None:
         """One scrape of the server's metrics endpoint: its row, or, said once, why there is none."""
+        import httpx
+
         try:
             reply = self._http().get(url)
         except httpx.HTTPError as exc:

@@ -9,8 +9,7 @@ import os
 import sys
 from pathlib import Path
 
-from backends.protocol import MAX_LINE_BYTES
-from backends.runs.store import CHILD_ONLY_ENV
+from backends.protocol import CHILD_ONLY_ENV, MAX_LINE_BYTES
 from console.link.ops import TransportError
 from console.link.transport import STDERR_KEEP_LINES, Transport, stream_piece, whole_line
 
