@@ -221,3 +221,26 @@ async def test_a_runs_escapes_are_shown_its_colours_kept_its_bar_as_it_stands_an
         end.touch()  # the run ends inside its bar's line: its last state is the log's last line, not left under it
         await until(pilot, lambda: log.kept[-1].plain == f"— run {run_id} exited —", what="the end")
         assert log.kept[-2].plain == " 50%|#####     |" and str(progress.content) == ""
+
+
+async def test_a_page_up_holds_the_view_while_lines_come_and_end_follows_the_tail_again(
+    workdir: Path, nvml_state: Path
+) -> None:
+    script = "import time\nfor i in range(100000):\n    print(f'line {i}', flush=True)\n    time.sleep(0.02)\n"
+    run_id = await launch(workdir, [sys.executable, "-c", script], name="chatty")
+    async with console(workdir, size=(100, 30)) as (app, pilot, _):
+        log = app.query_one(TailLog)
+        await until(pilot, lambda: app.query_one(RunsTable).selected_run() == run_id, what="the run")
+        await until(pilot, lambda: len(log.lines) > 100, what="lines to scroll back over")
+        log.focus()
+        await pilot.press("pageup")
+        await pilot.pause(0.3)
+        held = drawn(log)
+        grown = len(log.lines)
+        await until(pilot, lambda: len(log.lines) > grown + 40, what="more lines")
+        assert drawn(log) == held  # what the person reads stays put while lines come
+        await pilot.press("end")
+        await until(pilot, lambda: log.scroll_y == log.max_scroll_y, what="the tail again")
+        grown = len(log.lines)
+        await until(pilot, lambda: len(log.lines) > grown + 40, what="more lines")
+        await until(pilot, lambda: log.scroll_y == log.max_scroll_y, what="the tail followed")
