@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import os
 import platform
 import shlex
+import socket
 import stat
 import subprocess
 from pathlib import Path
@@ -168,14 +168,17 @@ def test_a_compiled_dependency_is_refused_in_one_line(monkeypatch: pytest.Monkey
 def test_a_failed_download_of_py_spy_is_one_line_and_leaves_nothing(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Real pip, offline: no index and an empty folder of wheels, so the aarch64 wheel cannot be had."""
+    """No index answers (nothing listens on its port of 127.0.0.1), so the aarch64 wheel cannot be had."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    monkeypatch.setenv("PIP_CONFIG_FILE", os.devnull)
-    monkeypatch.setenv("PIP_NO_INDEX", "1")
-    monkeypatch.setenv("PIP_FIND_LINKS", str(tmp_path))
+    monkeypatch.setenv("PIP_INDEX_URL", f"http://127.0.0.1:{port}/simple/")
+    for proxy in ("HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy"):
+        monkeypatch.delenv(proxy, raising=False)
     monkeypatch.setattr(py_spy, "_found", {})
     for _ in range(2):  # a second connection hears the same answer
-        with pytest.raises(py_spy.NoPySpy, match="pip download of py-spy failed") as failed:
+        with pytest.raises(py_spy.NoPySpy, match=f"cannot fetch py-spy .* from http://127.0.0.1:{port}/") as failed:
             asyncio.run(py_spy.binary("aarch64"))
         assert "\n" not in str(failed.value)
     assert list((tmp_path / "cache" / "eagle3-console").iterdir()) == []
