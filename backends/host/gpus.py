@@ -27,6 +27,10 @@ from backends.protocol import GpuInfo, GpuProcess, GpuSourceName, InferredHolder
 
 NVML_MODULE_ENV = "EAGLE3_NVML_MODULE"
 DEFAULT_NVML_MODULE = "pynvml"
+# pynvml comes from nvidia-ml-py, which the `agent` extra (pyproject.toml) pins for the agent's host.
+NVML_INSTALL_HINT = (
+    "install nvidia-ml-py beside the agent (pip install nvidia-ml-py, or the eagle3-console[agent] extra)"
+)
 SMI_TIMEOUT_S = 5.0
 SMI_GPU_FIELDS: tuple[str, ...] = (
     "index",
@@ -248,7 +252,9 @@ class GpuSampler:
             module = importlib.import_module(name)
             module.nvmlInit()
         except Exception as exc:  # ImportError, NVMLError (no driver), OSError from ctypes alike
-            return f"NVML ({name}) unavailable: {exc or type(exc).__name__}"
+            said = f"NVML ({name}) unavailable: {exc or type(exc).__name__}"
+            missing = isinstance(exc, ModuleNotFoundError) and exc.name == name == DEFAULT_NVML_MODULE
+            return f"{said}; {NVML_INSTALL_HINT}" if missing else said
         self._nvml_module = module
         return None
 
