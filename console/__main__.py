@@ -55,12 +55,13 @@ def command_line(words: list[str]) -> int:
 
     if "_ARGCOMPLETE" in os.environ:
         complete_and_exit()
-    options, tail = grammar.split(words, grammar.GRAMMARS)
     try:
-        settings = config.load()
+        settings = config.load(grammar.config_flag(words))
+        options, tail = grammar.split(grammar.with_host(words, settings.default_host, settings.path), grammar.GRAMMARS)
         rest = options[grammar.first_word(options) :]
-        if rest[:1] == ["hosts"] and set(rest[1:]) <= {"--json"} and not tail:
-            return list_hosts(settings, "--json" in rest)
+        if rest[:1] == [grammar.listing.name]:
+            grammar.listing.check_tail(tail)
+            return list_hosts(settings, grammar.listing_parser().parse_args(rest[1:]).json)
         ns = grammar.build_parser(grammar.GRAMMARS).parse_args(options)
         hosts = settings.expand(ns.host)
         named = hosts != [ns.host]  # a list or a group, even of one: the answer has the same shape for any size
@@ -126,11 +127,16 @@ def complete_and_exit() -> None:
 
 
 def open_console(ns: argparse.Namespace, hosts: list[str], settings: config.Config, named: bool) -> int:
-    """The terminal console (Textual) on HOST, or on several hosts at once (a HOST column, each link its own)."""
-    from console.cli import connect
+    """The terminal console (Textual) on HOST, or on several hosts at once (a HOST column, each link its own), with
+    config.toml's keys and theme (the theme last chosen with `t` comes first: `console.tui.app.state_path`)."""
+    from console.cli import config, connect
     from console.cli.output import EXIT_FAILED, EXIT_OK, UsageError
-    from console.tui.app import ConsoleApp
+    from console.tui.app import ConsoleApp, KeysError, Preferences, keymap, state_path
 
+    try:
+        keys = keymap(settings.keys)
+    except KeysError as exc:
+        raise config.ConfigError(f"{settings.path}: [keys] {exc}") from None
     if not sys.stdout.isatty():
         raise UsageError("the console needs a terminal; give a COMMAND (e.g. 'status') for scripts")
 
@@ -143,7 +149,10 @@ def open_console(ns: argparse.Namespace, hosts: list[str], settings: config.Conf
     fleet = connect.fleet_of(ns, hosts, settings, transports, tell, named)
     # One read-only host makes the whole console so.
     readonly = any(connect.host_options(ns, host, settings).readonly for host in hosts)
-    app = ConsoleApp(fleet, readonly=readonly, accept_new_host_key=ns.accept_new_host_key)
+    preferences = Preferences(
+        theme=settings.theme, keymap=keys, settings_file=str(settings.path), state_file=state_path()
+    )
+    app = ConsoleApp(fleet, readonly=readonly, accept_new_host_key=ns.accept_new_host_key, preferences=preferences)
     app.run()
     return EXIT_FAILED if app.return_code else EXIT_OK
 

@@ -128,7 +128,7 @@ def test_local_takes_the_defaults_but_not_a_remote_python(tmp_path: Path) -> Non
         ("[hosts.a]\nstall_after = -3\n", "[hosts.a] stall_after must be a number of seconds above 0, not -3.0"),
         ("[hosts.a]\nreadonly = 'yes'\n", "[hosts.a] readonly must be true or false, not 'yes'"),
         ("[hosts.local]\nworkdir = '/x'\n", "[hosts.local]: 'local' cannot name a host here; choose another name"),
-        ("[host.a]\n", "unknown table 'host'; it knows [defaults], [hosts.NAME] and [groups]"),
+        ("[host.a]\n", "unknown table 'host'; it knows [defaults], [hosts.NAME], [groups] and [keys]"),
         ("[hosts.a\n", "not valid TOML"),
     ],
 )

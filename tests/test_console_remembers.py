@@ -10,10 +10,13 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
+import signal
 import stat
 import subprocess
 import sys
-from collections.abc import AsyncIterator
+import tempfile
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
@@ -39,9 +42,212 @@ from console.tui.app import (
     state_path,
 )
 from console.tui.dialogs import ConfirmScreen, HelpScreen
-from tests.conftest import REPO, Notes, until
+from tests.conftest import REPO, Notes, until, wait_for
+from tests.sshd import ALIAS, Sshd
+from tests.test_ssh_reuse import Place
+from tests.tmux import Tmux
 
 SLEEPER = "import time\nprint('serving', flush=True)\ntime.sleep(120)"
+NO_DEFAULT = (
+    "no HOST given and no default_host in {path}; give HOST (e.g. `eagle3-console local status`) or set default_host\n"
+)
+
+
+def eagle3(*args: str, env: dict[str, str], timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "console", *args],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def user_env(tmp_path: Path, toml: str | None, base: dict[str, str] | None = None) -> dict[str, str]:
+    """A user's environment in tmp_path (HOME unless `base` has one, XDG_CONFIG_HOME, XDG_STATE_HOME), with
+    config.toml at its default place saying `toml` (None: no file) and no $EAGLE3_CONSOLE_CONFIG."""
+    env = dict(base) if base is not None else {**os.environ, "HOME": str(tmp_path / "home")}
+    env.pop("EAGLE3_CONSOLE_CONFIG", None)
+    env.update(XDG_CONFIG_HOME=str(tmp_path / "xdg"), XDG_STATE_HOME=str(tmp_path / "state"))
+    if toml is not None:
+        default_config(tmp_path).parent.mkdir(parents=True, exist_ok=True)
+        default_config(tmp_path).write_text(toml)
+    return env
+
+
+def default_config(tmp_path: Path) -> Path:
+    return tmp_path / "xdg" / "eagle3-console" / "config.toml"
+
+
+def launched(env: dict[str, str], *args: str) -> str:
+    done = eagle3(*args, env=env)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip()
+
+
+def run_ids(status: subprocess.CompletedProcess[str]) -> list[str]:
+    assert status.returncode == 0, status.stderr
+    return [run["id"] for run in json.loads(status.stdout)["runs"]]
+
+
+# --- default_host --------------------------------------------------------------------------------------------
+
+
+def test_a_command_given_without_host_runs_on_the_default_host(tmp_path: Path, workdir: Path) -> None:
+    env = user_env(tmp_path, f'[defaults]\ndefault_host = "local"\nworkdir = "{workdir}"\n')
+    run_id = launched(env, "launch", "command", "--name", "sleeper", "--", sys.executable, "-c", SLEEPER)
+    assert (workdir / "runs" / run_id).is_dir()  # the default host's store (local, its workdir)
+    assert run_ids(eagle3("status", "--json", env=env)) == [run_id]
+    killed = eagle3("kill", "sleeper", "--grace", "1", env=env)  # a command with its own words after it
+    assert killed.returncode == 0, killed.stderr
+    assert json.loads(eagle3("status", run_id, "--json", env=env).stdout)["state"] == "killed"
+
+
+def test_without_a_default_host_a_command_without_host_says_so_in_one_line(tmp_path: Path) -> None:
+    env = user_env(tmp_path, "[defaults]\nstall_after = 60\n")
+    for words in (["status"], ["kill", "some-run"], ["--readonly"], []):
+        done = eagle3(*words, env=env)
+        assert (done.returncode, done.stdout) == (2, "")
+        assert done.stderr == "eagle3-console: " + NO_DEFAULT.format(path=default_config(tmp_path))
+    helped = eagle3("kill", "--help", env=env)  # a command's help needs no host
+    assert helped.returncode == 0 and "usage: eagle3-console HOST kill" in helped.stdout
+
+
+def test_a_host_named_like_a_command_is_the_host_when_a_command_follows_it(tmp_path: Path, workdir: Path) -> None:
+    """kubectl's way round: a command word alone at the head is the command (on the default host); followed by a
+    command, it names the host, as `eagle3-console gpu1 status` does."""
+    named = tmp_path / "named-store"
+    toml = (
+        f'[defaults]\ndefault_host = "home"\n\n[hosts.home]\naddress = "local"\nworkdir = "{workdir}"\n\n'
+        f'[hosts.status]\naddress = "local"\nworkdir = "{named}"\n'
+    )
+    env = user_env(tmp_path, toml)
+    on_named = launched(env, "status", "launch", "command", "--name", "there", "--", "true")
+    assert (named / "runs" / on_named).is_dir()
+    assert run_ids(eagle3("status", "status", "--json", env=env)) == [on_named]
+    assert run_ids(eagle3("status", "--json", env=env)) == []  # the default host's store: nothing there
+
+
+def test_the_console_opens_on_the_default_host_with_config_tomls_theme_and_keys_and_remembers_t(
+    tmp_path: Path, workdir: Path
+) -> None:
+    toml = (
+        f'[defaults]\ndefault_host = "local"\nworkdir = "{workdir}"\ntheme = "day"\n\n[keys]\nkill = "K"\ntheme = "T"\n'
+    )
+    env = user_env(tmp_path, toml)
+    env.update(TERM="xterm-256color", PATH=f"{Path(sys.executable).parent}:{env['PATH']}")
+    launched(env, "launch", "command", "--name", "remembered", "--", sys.executable, "-c", SLEEPER)
+    written = default_config(tmp_path).read_bytes()
+    state = tmp_path / "state" / "eagle3-console" / "state.json"
+
+    def theme_after_T() -> str:
+        """The theme the console shows once T is pressed: the one after the theme it started on."""
+        with Tmux(["eagle3-console"], width=160, height=45, env=env, cwd=tmp_path) as term:
+            shown = term.wait_text("remembered", timeout=60)  # the default host's run
+            assert "K kill run" in shown and "T theme" in shown  # the footer says config.toml's keys
+            term.send("T")
+            told = term.wait_for(lambda s: "".join(re.findall(r"theme: (eagle3-\w+)", s)[:1]), 20, "the theme")
+            term.send("q")
+            term.wait_for(lambda s: "remembered" not in s, timeout=20, what="the console to close")
+        return told
+
+    assert theme_after_T() == "eagle3-night"  # it started on config.toml's day
+    assert json.loads(state.read_text()) == {"theme": "eagle3-night"}
+    assert stat.S_IMODE(state.stat().st_mode) == 0o600 and stat.S_IMODE(state.parent.stat().st_mode) == 0o700
+    assert theme_after_T() == "eagle3-day"  # it started on night, chosen with T, over config.toml's day
+    assert default_config(tmp_path).read_bytes() == written  # the person's file, never rewritten
+
+
+# --- the quick way ---------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def place(sshd: Sshd, tmp_path: Path) -> Iterator[Place]:
+    """A laptop whose runtime folder holds its multiplexers (short: a socket path fits in 108 bytes)."""
+    runtime = Path(tempfile.mkdtemp(prefix="e3r", dir="/tmp"))
+    here = Place(sshd, runtime, tmp_path / "work")
+    yield here
+    for pid in here.multiplexers():
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+    wait_for(lambda: not here.multiplexers(), what="the multiplexers to exit")
+    subprocess.run(["rm", "-rf", str(runtime)], check=True)
+
+
+def test_the_quick_way_answers_a_command_without_host_on_the_default_host(place: Place, tmp_path: Path) -> None:
+    env = user_env(tmp_path, f'[defaults]\ndefault_host = "{ALIAS}"\nworkdir = "{place.workdir}"\n', place.env())
+    assert eagle3("status", env=env).returncode == 0  # direct: it leaves a multiplexer for the default host
+    place.serving()
+    no_event_loop = "import sys\nsys.modules['asyncio'] = None\nfrom console.__main__ import main\nsys.exit(main())"
+    quick = subprocess.run(
+        [sys.executable, "-c", no_event_loop, "status", "--json"],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert quick.returncode == 0, quick.stderr  # answered without asyncio: through the multiplexer
+    assert json.loads(quick.stdout)["runs"] == []
+
+
+# --- which config.toml -------------------------------------------------------------------------------------------
+
+
+def host_names(done: subprocess.CompletedProcess[str]) -> list[str]:
+    assert done.returncode == 0, done.stderr
+    return [host["name"] for host in json.loads(done.stdout)]
+
+
+def test_config_flag_wins_over_the_environment_which_wins_over_the_default_place(tmp_path: Path) -> None:
+    env = user_env(tmp_path, "[hosts.from-default-place]\n")
+    (tmp_path / "env.toml").write_text("[hosts.from-env]\n")
+    (tmp_path / "flag.toml").write_text("[hosts.from-flag]\n")
+    assert host_names(eagle3("hosts", "--json", env=env)) == ["from-default-place"]
+    env["EAGLE3_CONSOLE_CONFIG"] = str(tmp_path / "env.toml")
+    assert host_names(eagle3("hosts", "--json", env=env)) == ["from-env"]
+    assert host_names(eagle3("--config", str(tmp_path / "flag.toml"), "hosts", "--json", env=env)) == ["from-flag"]
+    assert host_names(eagle3(f"--config={tmp_path / 'flag.toml'}", "hosts", "--json", env=env)) == ["from-flag"]
+
+
+def test_the_named_config_gives_the_default_host_and_settings(tmp_path: Path, workdir: Path) -> None:
+    env = user_env(tmp_path, None)
+    (tmp_path / "lab.toml").write_text(f'[defaults]\ndefault_host = "local"\nworkdir = "{workdir}"\n')
+    run_id = launched(env, "--config", str(tmp_path / "lab.toml"), "launch", "command", "--", "true")
+    assert (workdir / "runs" / run_id).is_dir()
+
+
+@pytest.mark.parametrize("how", ["--config", "EAGLE3_CONSOLE_CONFIG"])
+def test_a_missing_config_named_is_one_line_exit_2_and_the_default_one_missing_is_no_settings(
+    tmp_path: Path, how: str
+) -> None:
+    env = user_env(tmp_path, None)
+    assert eagle3("hosts", env=env).returncode == 0  # nothing at the default place: no settings, no error
+    missing = tmp_path / "nowhere.toml"
+    if how == "--config":
+        done = eagle3("--config", str(missing), "local", "status", env=env)
+    else:
+        done = eagle3("local", "status", env={**env, how: str(missing)})
+    named = "--config" if how == "--config" else "$EAGLE3_CONSOLE_CONFIG"
+    assert (done.returncode, done.stdout) == (2, "")
+    assert (
+        done.stderr
+        == f"eagle3-console: {missing}: no such settings file (named by {named}); create it, or name another\n"
+    )
+
+
+# --- hosts -h ----------------------------------------------------------------------------------------------------
+
+
+def test_hosts_is_in_the_command_list_and_has_its_own_help(tmp_path: Path) -> None:
+    env = user_env(tmp_path, None)
+    top = eagle3("--help", env=env)
+    commands = top.stdout[top.stdout.index("COMMAND\n") : top.stdout.index("options:")]
+    assert "    hosts " in commands
+    own = eagle3("hosts", "-h", env=env)
+    assert own.returncode == 0
+    assert own.stdout.startswith("usage: eagle3-console hosts [-h] [--json]") and "--json" in own.stdout
+    assert "--workdir" not in own.stdout  # not the top-level help
+    wrong = eagle3("hosts", "--jsn", env=env)
+    assert wrong.returncode == 2 and wrong.stderr.count("\n") == 1 and "eagle3-console hosts --help" in wrong.stderr
 
 
 # --- NVML's install hint -------------------------------------------------------------------------------------
@@ -175,6 +381,31 @@ async def test_keys_from_config_toml_are_in_the_footer_and_the_help_and_they_wor
         assert any(line.split() == ["K", "kill", "run"] for line in lines)
         assert any(line.split() == ["x", "quit"] for line in lines)
         await pilot.press("escape")
+
+
+@pytest.mark.parametrize(
+    ("table", "said"),
+    [
+        ('kil = "K"', "[keys] 'kil' is not an action of the console; it knows kill, relaunch, free_gpus, "),
+        ('kill = "t"', "[keys] 't' would do two things, kill and theme; give each its own key"),
+        ('kill = "x"\nwrap = "x"', "[keys] 'x' would do two things, kill and wrap; give each its own key"),
+        ('help = "/"', "[keys] '/' would do two things, find text in the log (any case) and help; give each"),
+        ('kill = "ctlr+k"', "[keys] kill = 'ctlr+k' is not a key; write a character"),
+        ('quit = "enter"', "[keys] quit = 'enter': that key is for showing a job's nodes; choose another"),
+        ('kill = ""', "[keys] kill must be a key, e.g. kill = \"K\", not ''"),
+        ("keys = 3", "[keys] must be a table of actions and keys"),
+    ],
+)
+def test_a_keys_table_the_console_cannot_use_is_one_line_naming_the_file_exit_2(
+    tmp_path: Path, workdir: Path, table: str, said: str
+) -> None:
+    defaults = f'[defaults]\ndefault_host = "local"\nworkdir = "{workdir}"\n'
+    toml = f"{table}\n{defaults}" if table.startswith("keys =") else f"{defaults}[keys]\n{table}\n"
+    env = user_env(tmp_path, toml)
+    done = eagle3(env=env)  # the console (it checks its keys before it asks for a terminal)
+    assert (done.returncode, done.stdout) == (2, "")
+    assert done.stderr.startswith(f"eagle3-console: {default_config(tmp_path)}: ") and said in done.stderr
+    assert done.stderr.count("\n") == 1
 
 
 def test_swapped_keys_are_no_clash() -> None:

@@ -1,8 +1,10 @@
-"""The console's settings file and the hosts it knows: `~/.config/eagle3-console/config.toml` (XDG_CONFIG_HOME
-applies), and the hosts of `~/.ssh/config`.
+"""The console's settings file and the hosts it knows: `--config PATH`, else `$EAGLE3_CONSOLE_CONFIG`, else
+`~/.config/eagle3-console/config.toml` (XDG_CONFIG_HOME applies); and the hosts of `~/.ssh/config`.
 
     [defaults]                      # every host
     stall_after = 60
+    default_host = "gpu1"           # `eagle3-console status`, `eagle3-console`: HOST left out
+    theme = "eagle3-day"            # the console's first theme (until one is chosen with its `t`)
 
     [hosts.gpu1]                    # `eagle3-console gpu1 ...`
     address = "alice@gpu1.example.com:2222"   # default: the name itself (an alias of ~/.ssh/config works)
@@ -16,8 +18,12 @@ applies), and the hosts of `~/.ssh/config`.
     [groups]                        # `eagle3-console lab status`: every host of the group
     lab = ["gpu1", "alice@gpu2"]
 
+    [keys]                          # the console's one-key actions, each on a key of your choosing
+    kill = "K"
+
 A flag on the command line wins over the host's setting, which wins over [defaults]. A key this file does not know
-is an error, not ignored: a misspelt `remote_pyhton` would otherwise silently leave the default in force.
+is an error, not ignored: a misspelt `remote_pyhton` would otherwise silently leave the default in force. The
+console's own words (`theme`, the names and keys of [keys]) are the console's to judge, when it opens.
 """
 
 from __future__ import annotations
@@ -51,6 +57,10 @@ SETTINGS: dict[str, tuple[type, str]] = {
 }
 OPTION_OF = {"timeout": "timeout_s"}  # a setting whose option is named otherwise (free-gpus has a --timeout too)
 HOST_ONLY: dict[str, tuple[type, str]] = {"address": (str, "[user@]host[:port]"), "description": (str, "text")}
+# [defaults] alone: what the command line and the console do without being told, not a host's settings.
+CONSOLE_ONLY: dict[str, tuple[type, str]] = {"default_host": (str, "a HOST"), "theme": (str, "a theme's name")}
+TABLES = ("defaults", "hosts", "groups", "keys")
+CONFIG_ENV = "EAGLE3_CONSOLE_CONFIG"
 # Far above any real settings file, far below what takes seconds to parse before every command.
 MAX_SETTINGS_BYTES = 1024 * 1024
 
@@ -76,6 +86,9 @@ class Config:
     defaults: dict[str, Any] = field(default_factory=dict)
     hosts: dict[str, Host] = field(default_factory=dict)
     groups: dict[str, list[str]] = field(default_factory=dict)
+    default_host: str | None = None  # HOST when a command line leaves it out
+    theme: str | None = None  # the console's first theme, as written
+    keys: dict[str, str] = field(default_factory=dict)  # [keys]: action -> key, as written
 
     def expand(self, host: str) -> list[str]:
         """The hosts HOST names: `a,b` lists them, a name of [groups] stands for its hosts; else HOST alone."""
@@ -127,13 +140,25 @@ def _file_kind(mode: int) -> str:
     return next((name for test, name in kinds.items() if test(mode)), "a device")
 
 
-def load(path: Path | None = None) -> Config:
-    """The settings file, or an empty Config when there is none; ConfigError when it cannot be used."""
-    path = path or config_path()
+def named_path(flag: Path | None) -> tuple[Path, str] | None:
+    """The settings file a person named, and how (`--config`, else $EAGLE3_CONSOLE_CONFIG); None: neither."""
+    if flag is not None:
+        return flag, "--config"
+    env = os.environ.get(CONFIG_ENV)
+    return (Path(env), f"${CONFIG_ENV}") if env else None
+
+
+def load(flag: Path | None = None) -> Config:
+    """The settings file in force (`flag`: --config's), or an empty Config when the default one is missing;
+    ConfigError when it cannot be used, or when a file named by --config or $EAGLE3_CONSOLE_CONFIG is missing."""
+    named = named_path(flag)
+    path = named[0] if named else config_path()
     try:
         text = read_settings_file(path).decode("utf-8")
     except FileNotFoundError:
-        return Config(path)
+        if named is None:
+            return Config(path)
+        raise ConfigError(f"{path}: no such settings file (named by {named[1]}); create it, or name another") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(
             f"{path}: cannot be read ({getattr(exc, 'strerror', None) or exc}); fix or remove it"
@@ -144,10 +169,13 @@ def load(path: Path | None = None) -> Config:
         raise ConfigError(f"{path}: not valid TOML ({exc}); fix or remove it") from None
     except RecursionError:
         raise ConfigError(f"{path}: nested too deeply to be settings; fix or remove it") from None
-    unknown = sorted(set(data) - {"defaults", "hosts", "groups"})
+    unknown = sorted(set(data) - set(TABLES))
     if unknown:
-        raise ConfigError(f"{path}: unknown table {unknown[0]!r}; it knows [defaults], [hosts.NAME] and [groups]")
-    defaults = _settings(path, "defaults", data.get("defaults", {}), SETTINGS)
+        raise ConfigError(
+            f"{path}: unknown table {unknown[0]!r}; it knows [defaults], [hosts.NAME], [groups] and [keys]"
+        )
+    defaults = _settings(path, "defaults", data.get("defaults", {}), {**SETTINGS, **CONSOLE_ONLY})
+    default_host, theme = _default_host(path, defaults.pop("default_host", None)), defaults.pop("theme", None)
     hosts_table = data.get("hosts", {})
     if not isinstance(hosts_table, dict):
         raise ConfigError(f"{path}: 'hosts' must be tables like [hosts.gpu1]")
@@ -160,7 +188,29 @@ def load(path: Path | None = None) -> Config:
         address = settings.pop("address", name)
         description = settings.pop("description", "")
         hosts[name] = Host(name, address, "config.toml", settings, description)
-    return Config(path, defaults, hosts, _groups(path, data.get("groups", {}), hosts))
+    groups = _groups(path, data.get("groups", {}), hosts)
+    return Config(path, defaults, hosts, groups, default_host, theme, _keys(path, data.get("keys", {})))
+
+
+def _default_host(path: Path, host: str | None) -> str | None:
+    """default_host, when it can stand where HOST does (an option's dash, or `hosts`, would read otherwise)."""
+    if host is not None and (host.startswith("-") or host == "hosts"):
+        raise ConfigError(
+            f"{path}: [defaults] default_host must be a HOST (a name, an address or a group), not {host!r}"
+        )
+    return host
+
+
+def _keys(path: Path, table: object) -> dict[str, str]:
+    """[keys] as written: action -> key; which actions and keys there are is the console's to say, when it opens."""
+    if not isinstance(table, dict):
+        raise ConfigError(f'{path}: [keys] must be a table of actions and keys, e.g. kill = "K"')
+    keys: dict[str, str] = {}
+    for action, key in table.items():
+        if not isinstance(key, str) or not key.strip():
+            raise ConfigError(f'{path}: [keys] {action} must be a key, e.g. {action} = "K", not {key!r}')
+        keys[action] = key
+    return keys
 
 
 def _groups(path: Path, table: object, hosts: dict[str, Host]) -> dict[str, list[str]]:

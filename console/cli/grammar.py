@@ -21,7 +21,7 @@ from console.cli import config
 from console.cli.output import UsageError
 
 # The global options that take a value: the word after each is not HOST.
-VALUED_OPTIONS = ("--workdir", "--remote-python", "--timeout")
+VALUED_OPTIONS = ("--workdir", "--remote-python", "--timeout", "--config")
 
 
 class Parser(argparse.ArgumentParser):
@@ -345,6 +345,24 @@ def bench(p: Parser) -> None:
     p.add_argument("--json", action="store_true", help="print the result object instead of the table")
 
 
+@command(
+    "hosts",
+    "(given without HOST) the hosts it knows: config.toml's, ~/.ssh/config's, the groups; hosts -h says more",
+    description="The hosts the console knows, each with where it is and what it sets: config.toml's [hosts] "
+    "first, then the Host entries of ~/.ssh/config (and the files it Includes), then config.toml's [groups]. "
+    "Given where HOST goes: eagle3-console hosts [--json].",
+)
+def listing(p: Parser) -> None:
+    p.add_argument("--json", action="store_true", help="a list of hosts: name, address, source, settings, description")
+
+
+def listing_parser() -> Parser:
+    """`eagle3-console hosts`' own words (it stands where HOST does, so it is no command of a host)."""
+    parser = Parser(prog=f"eagle3-console {listing.name}", description=listing.description)
+    listing.arguments(parser)
+    return parser
+
+
 # Our stages and the modules that hold their command lines (importable without torch); imported only for a
 # stage's own words, so that other commands start faster.
 STAGE_ARGS = {"extract": "backends.extract.args", "train": "backends.train.args"}
@@ -434,6 +452,7 @@ GRAMMARS = (
     extract,
     train,
 )
+COMMAND_NAMES = frozenset(grammar.name for grammar in GRAMMARS)
 
 
 SHELLS = ("bash", "zsh", "fish")
@@ -451,10 +470,11 @@ class Completion(argparse.Action):
         parser.exit()
 
 
-def host_names(prefix: str, **_: object) -> list[str]:
-    """HOST's completions: 'local', the hosts of config.toml and of ~/.ssh/config, and the `hosts` listing."""
+def host_names(prefix: str, parsed_args: argparse.Namespace | None = None, **_: object) -> list[str]:
+    """HOST's completions: 'local', the hosts of config.toml (--config's) and of ~/.ssh/config, and the `hosts`
+    listing."""
     try:
-        known = [host.name for host in config.known_hosts(config.load())]
+        known = [host.name for host in config.known_hosts(config.load(getattr(parsed_args, "config", None)))]
     except config.ConfigError:
         known = [host.name for host in config.ssh_config_hosts()]
     return [name for name in ("local", "hosts", *known) if name.startswith(prefix)]
@@ -468,14 +488,61 @@ def first_word(args: list[str]) -> int:
     return i
 
 
+def config_flag(words: list[str]) -> Path | None:
+    """The settings file --config names among the global options (the last one given, as argparse takes it);
+    read before argparse is, since the file says what HOST is when the words leave it out."""
+    found: str | None = None
+    i, end = 0, first_word(words)
+    while i < end:
+        word = words[i]
+        if word.startswith("--config="):
+            found = word.partition("=")[2]
+        elif word == "--config" and i + 1 < len(words):
+            found = words[i + 1]
+        i += 2 if word in VALUED_OPTIONS else 1
+    return None if found is None else Path(found)
+
+
+def host_left_out(rest: list[str]) -> bool:
+    """Whether the words after the global options begin without HOST: nothing (the console), or a command
+    alone at the head (`status`, `kill RUN`). A command followed by a command names a host, kubectl's way
+    round (`eagle3-console status status`: the host `status`, its runs)."""
+    if not rest:
+        return True
+    return rest[0] in COMMAND_NAMES and (len(rest) == 1 or rest[1] not in COMMAND_NAMES)
+
+
+def asks_for_help(words: list[str]) -> bool:
+    """-h, --help or --version before any '--' (after it, the words are the run's)."""
+    own = words[: words.index("--")] if "--" in words else words
+    return any(word in ("-h", "--help", "--version") for word in own)
+
+
+def with_host(words: list[str], default_host: str | None, settings: Path) -> list[str]:
+    """The command line with HOST where the person left it out: config.toml's default_host. UsageError when
+    there is none (help is the same for any host, so it needs none)."""
+    i = first_word(words)
+    if not host_left_out(words[i:]):
+        return words
+    if default_host is None and not asks_for_help(words):
+        raise UsageError(
+            f"no HOST given and no default_host in {settings}; give HOST (e.g. `eagle3-console local status`) "
+            "or set default_host"
+        )
+    return [*words[:i], default_host or "local", *words[i:]]
+
+
 def build_parser(commands: Iterable[Grammar], completing: bool = False) -> Parser:
     """The global options, HOST, and `commands` in the order `--help` lists them; `completing`: with what only
     completion reads (a stage's own options)."""
     parser = Parser(
         prog="eagle3-console",
+        # The global options are read before argparse (`first_word`, `config_flag`): only whole names agree.
+        allow_abbrev=False,
         description="Train, serve and debug EAGLE-3 drafts on a GPU host.",
         epilog="HOST is 'local' (this machine), a host named in ~/.config/eagle3-console/config.toml, or "
-        "[user@]host[:port] (over SSH; ~/.ssh/config applies). Without a COMMAND the terminal console opens. "
+        "[user@]host[:port] (over SSH; ~/.ssh/config applies); left out ('eagle3-console status'), it is "
+        "config.toml's default_host. Without a COMMAND the terminal console opens. "
         "'eagle3-console hosts' lists the hosts it knows; 'eagle3-console HOST COMMAND --help' a command's options.",
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {backends.__version__}")
@@ -486,6 +553,13 @@ def build_parser(commands: Iterable[Grammar], completing: bool = False) -> Parse
         metavar="SHELL",
         help="print what makes bash, zsh or fish complete this command line, e.g. "
         'eval "$(eagle3-console --completion bash)" in ~/.bashrc, or eagle3-console --completion fish | source',
+    )
+    parser.add_argument(
+        "--config",
+        type=Path,
+        metavar="PATH",
+        help=f"the settings file (default: ${config.CONFIG_ENV}, else ~/.config/eagle3-console/config.toml, "
+        "XDG_CONFIG_HOME applying; a file named here or there must exist)",
     )
     parser.add_argument("--workdir", type=Path, help="run store on the host (default ~/.eagle3-console)")
     parser.add_argument(
@@ -531,6 +605,10 @@ def build_parser(commands: Iterable[Grammar], completing: bool = False) -> Parse
         grammar.arguments(command)
         if completing and grammar.completed is not None:
             grammar.completed(command)
+    if not completing:  # argcomplete looks up a parser for each listed name: `hosts` has none here
+        # `hosts` stands where HOST does: listed with the commands in --help, but no command of a host, so it is
+        # argparse's own entry for a listed name (its parser is `listing_parser`).
+        sub._choices_actions.append(sub._ChoicesPseudoAction(listing.name, (), listing.help))
     return parser
 
 

@@ -142,10 +142,12 @@ def answer(words: list[str]) -> int | None:
     no multiplexer serves its host (nothing was sent then, so the CLI may do it all its usual way)."""
     if "_ARGCOMPLETE" in os.environ:
         return None
-    options, tail = grammar.split(words, grammar.GRAMMARS)
     try:
+        settings = config.load(grammar.config_flag(words))
+        options, tail = grammar.split(grammar.with_host(words, settings.default_host, settings.path), grammar.GRAMMARS)
+        if options[grammar.first_word(options) :][:1] == [grammar.listing.name]:
+            return None  # `hosts` is no command of a host: its own parser, `hosts -h` its own help
         ns = grammar.build_parser(grammar.GRAMMARS).parse_args(options)
-        settings = config.load()
         if settings.expand(ns.host) != [ns.host]:
             return None  # several hosts: each on a connection of its own (`console.fleet.hosts`)
         config.apply_settings(ns, settings)
