@@ -3,21 +3,18 @@ the serve run and shown by `status RUN` and the console.
 
 Real: the CLI, the agent, the run engine, the bench's own process and its HTTP requests (httpx), the console
 (Textual's pilot) and SGLang 0.5.23's streams as the real server wrote them on CPU
-(tests/sglang_output/bench_*_0.5.23.sse); the last test benches the real server itself. The serving SGLang of the
-supervised runs is tests/sglang_standin.py, whose streams copy the real ones chunk for chunk; its acceptance figures
-(`sglext.spec_tokens_details`) are RECONSTRUCTED from SGLang's source, since speculative decoding runs on GPUs only.
+(tests/sglang_output/bench_*_0.5.23.sse); the real server itself is benched in tests/test_sglang_real_serve.py. The
+serving SGLang of the supervised runs is tests/sglang_standin.py, whose streams copy the real ones chunk for chunk; its
+acceptance figures (`sglext.spec_tokens_details`) are RECONSTRUCTED from SGLang's source, since speculative decoding
+runs on GPUs only.
 """
 
 from __future__ import annotations
 
 import itertools
 import json
-import os
 import re
-import signal
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -32,7 +29,7 @@ from console.link.local import LocalTransport
 from console.render import bench_lines
 from console.tui.app import ConsoleApp
 from console.tui.panels import RunDetail, RunsTable
-from tests.conftest import CLI, free_port, launch, until, wait_for, wait_state
+from tests.conftest import CLI, free_port, launch, until, wait_state
 
 OUTPUT = Path(__file__).parent / "sglang_output"
 REAL = {api: (OUTPUT / f"bench_{api}_0.5.23.sse").read_bytes() for api in ("chat", "completions")}
@@ -326,55 +323,3 @@ async def test_the_console_shows_a_serve_runs_latest_bench_results_in_its_detail
         assert re.findall(r"(\d+/\d+) ok", shown) == ["3/3", "4/4", "5/5"]
         assert shown.count("accept 2.50") == shown.count("tok/s") == shown.count("TTFT ") == 3
         await pilot.press("q")
-
-
-# ----- the real server -----
-
-
-def test_bench_drives_a_real_sglang_server_on_cpu(sglang_python: Path, target: Path, tmp_path: Path) -> None:
-    """The request and stream formats against the real 0.5.23 (no speculative decoding on CPU: no acceptance)."""
-    port = free_port()
-    command = [
-        str(sglang_python), "-m", "sglang.launch_server", "--model-path", str(target), "--device", "cpu",
-        "--host", "127.0.0.1", "--port", str(port), "--max-total-tokens", "4096",
-    ]  # fmt: skip
-    server = subprocess.Popen(
-        command,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,  # its scheduler and detokenizer are in its group: all are stopped at the end
-    )
-    try:
-        url = f"http://127.0.0.1:{port}"
-        wait_for(lambda: ready(url) or server.poll() is not None, timeout=240, what="the real server")
-        assert server.poll() is None
-        for api in ("chat", "completions"):
-            out = tmp_path / f"{api}.jsonl"
-            argv = ["--url", url, "--api", api, "--requests", "3", "--concurrency", "2", "--max-tokens", "6"]
-            bench = subprocess.run(
-                [sys.executable, "-m", "backends.bench", *argv, "--out", str(out)], capture_output=True, timeout=180
-            )
-            assert bench.returncode == 0, bench.stdout.decode()[-2000:]
-            [result] = [json.loads(line) for line in out.read_text().splitlines()]
-            f = result["figures"]
-            assert (f["ok"], f["errors"], f["cut"], f["output_tokens"]) == (3, 0, 0, 18)
-            assert f["accept_len"] is None and f["ttft_ms"] is not None and f["itl_ms"] is not None
-            assert b"(the server gave none)" in bench.stdout
-    finally:
-        os.killpg(server.pid, signal.SIGTERM)
-        try:
-            server.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(server.pid, signal.SIGKILL)
-            server.wait()
-
-
-def ready(url: str) -> bool:
-    import urllib.request
-
-    try:
-        with urllib.request.urlopen(f"{url}/health", timeout=5) as answer:
-            return bool(answer.status == 200)
-    except OSError:
-        time.sleep(0.5)
-        return False

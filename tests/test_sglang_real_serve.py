@@ -146,9 +146,11 @@ def processes_of(run_id: str) -> dict[int, int]:
     return found
 
 
-def test_a_real_sglang_server_on_cpu_is_ready_by_its_health_and_our_kill_ends_all_its_processes(
-    cli: CLI, workdir: Path, target: Path, sglang_python: Path
+def test_a_real_sglang_server_on_cpu_is_ready_by_its_health_is_benched_and_our_kill_ends_all_its_processes(
+    cli: CLI, workdir: Path, target: Path, sglang_python: Path, tmp_path: Path
 ) -> None:
+    """One real server (starting one is most of a minute of CPU) for our engine's view of it and the bench's
+    request and stream formats against the real 0.5.23 (no speculative decoding on CPU: no acceptance)."""
     port = free_port()
     server = [
         str(sglang_python), "-m", "sglang.launch_server", "--model-path", str(target), "--device", "cpu",
@@ -190,6 +192,19 @@ def test_a_real_sglang_server_on_cpu_is_ready_by_its_health_and_our_kill_ends_al
             what="a decode metric row",
         )
         assert any("gen_throughput" in json.dumps(row) for row in rows), rows
+        url = f"http://127.0.0.1:{port}"
+        for api in ("chat", "completions"):
+            out = tmp_path / f"{api}.jsonl"
+            argv = ["--url", url, "--api", api, "--requests", "3", "--concurrency", "2", "--max-tokens", "6"]
+            bench = subprocess.run(
+                [sys.executable, "-m", "backends.bench", *argv, "--out", str(out)], capture_output=True, timeout=180
+            )
+            assert bench.returncode == 0, bench.stdout.decode()[-2000:]
+            [result] = [json.loads(line) for line in out.read_text().splitlines()]
+            f = result["figures"]
+            assert (f["ok"], f["errors"], f["cut"], f["output_tokens"]) == (3, 0, 0, 18)
+            assert f["accept_len"] is None and f["ttft_ms"] is not None and f["itl_ms"] is not None
+            assert b"(the server gave none)" in bench.stdout
     finally:
         killed = cli("kill", run_id, "--grace", "10", timeout=60)
     assert killed.returncode == 0, killed.stderr
