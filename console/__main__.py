@@ -131,7 +131,9 @@ def open_console(ns: argparse.Namespace, hosts: list[str], settings: config.Conf
     config.toml's keys and theme (the theme last chosen with `t` comes first: `console.tui.app.state_path`)."""
     from console.cli import config, connect
     from console.cli.output import EXIT_FAILED, EXIT_OK, UsageError
-    from console.tui.app import ConsoleApp, KeysError, Preferences, keymap, state_path
+    from console.tui.app import ConsoleApp
+    from console.tui.keys import KeysError, keymap
+    from console.tui.preferences import Preferences, state_path
 
     try:
         keys = keymap(settings.keys)

@@ -31,17 +31,10 @@ from backends.host.gpus import NVML_INSTALL_HINT
 from console.fleet.hosts import Fleet
 from console.link.client import AgentClient
 from console.link.local import LocalTransport
-from console.tui.app import (
-    KEY_ACTIONS,
-    RESERVED_KEYS,
-    ConsoleApp,
-    KeysError,
-    Preferences,
-    key_name,
-    keymap,
-    state_path,
-)
+from console.tui.app import ConsoleApp
 from console.tui.dialogs import ConfirmScreen, HelpScreen
+from console.tui.keys import KEY_ACTIONS, RESERVED_KEYS, KeysError, key_name, keymap
+from console.tui.preferences import Preferences, state_path
 from tests.conftest import REPO, Notes, until, wait_for
 from tests.sshd import ALIAS, Sshd
 from tests.test_ssh_reuse import Place

@@ -7,21 +7,15 @@ from their offsets (after a reconnect it resumes where it stopped). Dangerous
 actions (kill, relaunch, free GPUs) ask first, with the focus on Cancel;
 `--readonly` removes them.
 
-What the person chose lasts: config.toml's keys and theme come in as `Preferences`, and the theme chosen with
-`t` is kept in a state file of the console's own (config.toml is the person's: never written).
+What the person chose lasts: config.toml's keys and theme come in as `Preferences` (`console.tui.preferences`,
+the keys over its bindings in `console.tui.keys`), and the theme chosen with `t` is kept for the next start.
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
-import json
-import os
-import string
-import tempfile
 import time
-from collections.abc import Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar, cast
 
@@ -31,7 +25,6 @@ from textual.actions import SkipAction
 from textual.app import App, ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, Vertical
-from textual.keys import Keys, _character_to_key, format_key
 from textual.notifications import SeverityLevel
 from textual.widgets import DataTable, Footer, Header, Static
 
@@ -44,8 +37,10 @@ from console.tui.chart import ChartPicker, ChartsPanel, RunMetrics, choices, def
 from console.tui.commands import RunCommands
 from console.tui.dialogs import ConfirmScreen, HelpScreen, RelaunchScreen, TextScreen
 from console.tui.gpu_panel import GpuPanel
+from console.tui.keys import BINDINGS, rebound
 from console.tui.log import FindPrompt, LineReader, TailLog, log_text
 from console.tui.panels import JOB_KEY, RunDetail, RunFacts, RunsTable, health_styles, lineage_edits
+from console.tui.preferences import Preferences, read_state, write_state
 from console.tui.progress import Progress, total_steps
 from console.tui.timeline import timeline
 from console.visible import printable, visible
@@ -65,77 +60,11 @@ FEED_ROWS = 500  # metric rows added to a store between two looks at the screen:
 THEME_PREFIX = "eagle3-"  # the console's own themes; Textual's others are not made for its colours
 
 
-@dataclass(frozen=True)
-class Preferences:
-    """What the person chose for the console: config.toml's theme (None: none) and keys (an action's binding id
-    -> its key, as `keymap` gives them), the file that says so, and where the theme last chosen with `t` is kept
-    (None: nowhere, so that a console under test reads and writes nobody's)."""
-
-    theme: str | None = None
-    keymap: Mapping[str, str] = field(default_factory=dict)
-    settings_file: str = "config.toml"
-    state_file: Path | None = None
-
-
-def state_path() -> Path:
-    """Where the console keeps what it remembers between starts (XDG_STATE_HOME applies)."""
-    base = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
-    return Path(base) / "eagle3-console" / "state.json"
-
-
-def read_state(path: Path) -> dict[str, object]:
-    """The console's state as it was saved; {} when there is none yet. OSError or ValueError when unreadable."""
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        return {}
-    if not isinstance(data, dict):
-        raise ValueError("not a JSON object")
-    return data
-
-
-def write_state(path: Path, state: Mapping[str, object]) -> None:
-    """The state, whole or not at all (a temp file renamed over it), in a folder of 700 and a file of 600: the
-    console's own, as its other files."""
-    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    os.chmod(path.parent, 0o700)
-    fd, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")  # mkstemp's mode: 600
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as out:
-            json.dump(dict(state), out)
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(temp, path)
-    except BaseException:
-        os.unlink(temp)
-        raise
-
-
 class ConsoleApp(App[None]):
     CSS_PATH = Path(__file__).with_name("app.tcss")
     TITLE = "eagle3-console"
     COMMANDS = App.COMMANDS | {RunCommands}
-    BINDINGS: ClassVar[list[BindingType]] = [
-        # An id is the action's name in config.toml's [keys] (Textual's keymap puts the key chosen there).
-        Binding("k", "kill", "kill run", id="kill"),
-        Binding("r", "relaunch", "relaunch", id="relaunch"),
-        Binding("f", "free_gpus", "free GPUs", id="free_gpus"),
-        Binding("s", "stacks", "stacks", id="stacks"),
-        Binding("t", "next_theme", "theme", id="theme"),
-        Binding("w", "wrap", "wrap log", id="wrap"),
-        Binding("slash", "find_in_log", "find text in the log (any case)", key_display="/", show=False),
-        Binding("n", "log_match(True)", "next match (older)", show=False),
-        Binding("N", "log_match(False)", "previous match (newer)", show=False),
-        Binding("escape", "stop_finding", "stop finding: follow the tail", show=False),
-        Binding("y", "copy_log", "copy the match's line, or the lines in view", show=False),
-        Binding("c", "pick_chart", "chart", id="chart"),
-        Binding("v", "next_chart", "the other chart", show=False),
-        Binding("L", "chart_toggle('log_scale')", "log scale", show=False),
-        Binding("R", "chart_toggle('robust')", "robust range", show=False),
-        Binding("S", "chart_toggle('smooth')", "smoothing", show=False),
-        Binding("question_mark", "help", "help", id="help"),
-        Binding("q", "quit", "quit", id="quit"),
-    ]
+    BINDINGS: ClassVar[list[BindingType]] = list(BINDINGS)
 
     def __init__(
         self,
@@ -848,71 +777,3 @@ class ConsoleApp(App[None]):
     async def action_quit(self) -> None:
         await self.client.close()
         self.exit()
-
-
-# The keys Textual and the console's widgets take before the app's bindings see them, and what for.
-RESERVED_KEYS = {
-    **dict.fromkeys(("up", "down", "left", "right", "pageup", "pagedown", "home", "end"), "moving"),
-    **dict.fromkeys(("tab", "shift+tab"), "moving the focus"),
-    "enter": "showing a job's nodes",
-    "ctrl+p": "finding a run",
-    "ctrl+c": "copying the log's selection",
-    "ctrl+q": "quitting",
-}
-# Every key config.toml may name: Textual's named keys, and each character's name (`question_mark` for `?`).
-KEY_NAMES = frozenset(
-    [key.value for key in Keys if not key.value.startswith("<")]
-    + [_character_to_key(c) for c in string.ascii_letters + string.digits + string.punctuation]
-)
-# The actions config.toml's [keys] may give a key: the console's bindings that have an id.
-KEY_ACTIONS = tuple(b.id for b in Binding.make_bindings(ConsoleApp.BINDINGS) if b.id is not None)
-
-
-class KeysError(ValueError):
-    """config.toml's [keys] cannot be used; the message names the action or the key, and what to do."""
-
-
-def key_name(written: str) -> str | None:
-    """Textual's name of a key written as a character (`K`, `?`) or by its name (`ctrl+k`, `F5`); None: no key."""
-    if len(written) == 1:
-        return _character_to_key(written)  # Textual's own reading of a one-character binding (`?` is question_mark)
-    return written.lower() if written.lower() in KEY_NAMES else None
-
-
-def keymap(keys: Mapping[str, str]) -> dict[str, str]:
-    """config.toml's [keys] (action -> key as written) as Textual's keymap (binding id -> key name); KeysError
-    when an action is not the console's, a key is none, or a key would do two things."""
-    chosen: dict[str, str] = {}
-    for action, written in keys.items():
-        if action not in KEY_ACTIONS:
-            raise KeysError(f"{action!r} is not an action of the console; it knows {', '.join(KEY_ACTIONS)}")
-        name = key_name(written)
-        if name is None:
-            raise KeysError(
-                f'{action} = {written!r} is not a key; write a character ("K", "?") or a key\'s name '
-                '("ctrl+k", "f5", "space")'
-            )
-        if name in RESERVED_KEYS:
-            raise KeysError(f"{action} = {written!r}: that key is for {RESERVED_KEYS[name]}; choose another")
-        chosen[action] = name
-    check_one_action_per_key(chosen)
-    return chosen
-
-
-def check_one_action_per_key(chosen: Mapping[str, str]) -> None:
-    """KeysError when, with `chosen` in place, one key would do two of the console's things."""
-    doing: dict[str, str] = {}  # key -> what it does
-    for binding in Binding.make_bindings(ConsoleApp.BINDINGS):
-        what = binding.id or binding.description
-        for key in rebound(binding, chosen).key.split(","):
-            if key in doing:
-                raise KeysError(
-                    f"{format_key(key)!r} would do two things, {doing[key]} and {what}; give each its own key"
-                )
-            doing[key] = what
-
-
-def rebound(binding: Binding, keys: Mapping[str, str]) -> Binding:
-    """The binding on the key `keys` (binding id -> key name) gives its id, if any."""
-    key = keys.get(binding.id or "")
-    return binding if key is None else binding.with_key(key)
