@@ -47,7 +47,8 @@ FETCH_TIMEOUT_S = 15  # to connect, or between two reads: pip's default --timeou
 # PEP 691's JSON, else PEP 503's HTML from an index that serves only that, as pip asks.
 SIMPLE_ACCEPT = "application/vnd.pypi.simple.v1+json, application/vnd.pypi.simple.v1+html;q=0.1, text/html;q=0.01"
 PIP_SECTIONS = ("global", "download")  # what `pip download` reads of a config file, the later winning
-ELSEWHERE = "install py-spy on the host (pip install py-spy), or set PIP_INDEX_URL to an index this machine can reach"
+ON_THE_HOST = "install py-spy on the host (pip install py-spy)"
+ELSEWHERE = f"{ON_THE_HOST}, or set PIP_INDEX_URL to an index this machine can reach"
 
 
 @dataclass(frozen=True)
@@ -339,8 +340,7 @@ def _config_settings(path: Path) -> dict[str, str]:
         return index_settings(text)
     except (configparser.Error, UnicodeDecodeError) as exc:
         raise NoPySpy(
-            f"pip cannot read its config file {path} ({type(exc).__name__}): fix it, "
-            "or install py-spy on the host (pip install py-spy)"
+            f"pip cannot read its config file {path} ({type(exc).__name__}): fix it, or {ON_THE_HOST}"
         ) from None
 
 

@@ -245,14 +245,15 @@ class SSHTransport(Transport):
         try:
             await py_spy.upload(sftp, posixpath.dirname(host.top), source, host.tool)
         except asyncssh.SFTPError as exc:
-            self._say_no_py_spy(f"py-spy could not be put in {py_spy.where(host.top)}: {_reason(exc)}")
+            where = py_spy.where(host.top)
+            self._say_no_py_spy(f"py-spy could not be put in {where}: {_reason(exc)}; {py_spy.ON_THE_HOST}")
             return None
         return source
 
     def _say_no_py_spy(self, why: str) -> None:
         if not self._said_no_py_spy:
             self._said_no_py_spy = True
-            self.say(f"{self.spec}: {why}; stack dumps there show kernel-side facts only (install py-spy on the host)")
+            self.say(f"{self.spec}: {why}; stack dumps there show kernel-side facts only")
 
     async def _listed(self, line: bytes) -> agent_upload.HostCopy:
         """The launcher's listing, or why the launcher could not give one, said for a person."""
