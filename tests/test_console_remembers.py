@@ -37,6 +37,7 @@ from console.tui.keys import KEY_ACTIONS, RESERVED_KEYS, KeysError, key_name, ke
 from console.tui.preferences import Preferences, state_path
 from tests.conftest import REPO, Notes, until, wait_for
 from tests.sshd import ALIAS, Sshd
+from tests.test_cli_config import eagle3
 from tests.test_ssh_reuse import Place
 from tests.tmux import Tmux
 
@@ -44,18 +45,6 @@ SLEEPER = "import time\nprint('serving', flush=True)\ntime.sleep(120)"
 NO_DEFAULT = (
     "no HOST given and no default_host in {path}; give HOST (e.g. `eagle3-console local status`) or set default_host\n"
 )
-
-
-def eagle3(*args: str, env: dict[str, str], timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "console", *args],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
 
 
 def user_env(tmp_path: Path, toml: str | None, base: dict[str, str] | None = None) -> dict[str, str]:
