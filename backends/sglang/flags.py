@@ -3,8 +3,12 @@
 SGLang's own argument parser is the only authority on its flags (they change
 with every release: `--cuda-graph-max-bs` became ambiguous in 0.5.23). It runs
 in a subprocess of the serve command's own interpreter, with the launch's
-environment, so the parser is the one the server would use; importing it takes
-a second or two and needs no GPU. A command whose interpreter is missing or has
+environment and cwd, so the parser is the one the server would use; importing it
+takes seconds (SGLang's imports pull torch and transformers) and needs no GPU. That
+import is paid once per interpreter, environment and cwd while the agent lives: a
+warm parser process (warm_parser.py) parses each new flag set in a fork of itself,
+and is closed after 5 idle minutes; where it gives no verdict, a one-shot
+interpreter is asked as before. A command whose interpreter is missing or has
 no SGLang at all is refused (the server would die at once); one whose SGLang
 cannot import its parser is not checked, and says so.
 
@@ -29,47 +33,28 @@ from typing import Any
 from backends.fileio import atomic_write_json
 from backends.masking import mask_text
 from backends.protocol import Finding, RelaunchPresetsResult
-from backends.sglang import facts
+from backends.sglang import facts, warm_parser
 from backends.sglang.launch import SGLANG_PYTHON_FLAG, ServerLaunch
 
 CHECK_TIMEOUT_S = 60.0
 CACHE_ENTRIES = 64
 
-# Runs in the serve command's interpreter: `-c _PARSE PROGRAM FLAGS...` parses FLAGS with SGLang's own
-# prepare_server_args, stopped once its parser has parsed (before ServerArgs is built, which needs the model), and
-# prints one JSON line: the verdict, as SGLang would print it (`sglang serve: error: ...`), the warnings the parser
-# logged or warned while parsing (a deprecated flag: 0.5.23's `--disable-cuda-graph`), and the SGLang version.
+# Runs in the serve command's interpreter, one of two ways. One-shot, `-c _PARSE PROGRAM FLAGS...` prints one JSON
+# line, the verdict. Warm (warm_parser.py), `-c _PARSE` imports SGLang once, says {"ready": ...} and then answers each
+# JSON argv line it reads with a verdict line, each parsed in a fork (SGLang's parser changes globals and logging),
+# until its stdin closes. A verdict: FLAGS parsed with SGLang's own prepare_server_args, stopped once its parser has
+# parsed (before ServerArgs is built, which needs the model), as SGLang would print it (`sglang serve: error: ...`),
+# the warnings the parser logged or warned while parsing (a deprecated flag: 0.5.23's `--disable-cuda-graph`), and
+# the SGLang version. An SGLang that cannot be imported is the verdict {"unavailable": ..., "missing": ...} in both.
 # sys.argv[0] is the program's name, argparse's default prog where a release sets none (0.5.5).
 _PARSE = """
-import argparse, importlib.metadata, json, logging, re, sys, warnings
-sys.argv = sys.argv[1:]
-try:
-    from sglang.srt import server_args
-    from sglang.srt.server_args import ServerArgs
-except Exception as exc:
-    missing = getattr(exc, "name", None) if isinstance(exc, ModuleNotFoundError) else None
-    print(json.dumps({"unavailable": f"{type(exc).__name__}: {exc}", "missing": missing}))
-    raise SystemExit(0)
+import argparse, importlib.metadata, json, logging, os, re, sys, warnings
 
 class Refused(Exception):
     pass
 
 class Parsed(Exception):
     pass
-
-def error(self, message):
-    raise Refused(f"{self.prog}: error: {message}")
-
-parse_args = argparse.ArgumentParser.parse_args
-
-def parse_then_stop(self, args=None, namespace=None):
-    parse_args(self, args, namespace)
-    raise Parsed
-
-def prepare(argv):
-    parser = argparse.ArgumentParser()
-    ServerArgs.add_cli_args(parser)
-    parser.parse_args(argv)
 
 class Said(logging.Handler):
     def __init__(self):
@@ -78,26 +63,90 @@ class Said(logging.Handler):
     def emit(self, record):
         self.messages.append(record.getMessage())
 
-try:
-    version = importlib.metadata.version("sglang")
-except importlib.metadata.PackageNotFoundError:
-    version = None
-argparse.ArgumentParser.error = error
-argparse.ArgumentParser.parse_args = parse_then_stop
-said = Said()
-logging.getLogger().addHandler(said)
-verdict = {"parser": server_args.__file__, "version": version}
-with warnings.catch_warnings(record=True) as warned:
-    warnings.simplefilter("always")
+def load():
     try:
-        getattr(server_args, "prepare_server_args", prepare)(sys.argv[1:])
-    except Refused as exc:
-        verdict["refused"] = str(exc)
-    except Parsed:
-        verdict["ok"] = True
-ansi = re.compile(r"\\x1b\\[[0-9;]*m")  # SGLang colours its deprecation warnings
-verdict["warnings"] = [ansi.sub("", text).strip() for text in [*said.messages, *(str(w.message) for w in warned)]]
-print(json.dumps(verdict))
+        from sglang.srt import server_args
+        from sglang.srt.server_args import ServerArgs
+    except Exception as exc:
+        missing = getattr(exc, "name", None) if isinstance(exc, ModuleNotFoundError) else None
+        return None, {"unavailable": f"{type(exc).__name__}: {exc}", "missing": missing}
+    return server_args, None
+
+def parse(server_args, argv):
+    sys.argv = argv
+    parse_args = argparse.ArgumentParser.parse_args
+
+    def error(self, message):
+        raise Refused(f"{self.prog}: error: {message}")
+
+    def parse_then_stop(self, args=None, namespace=None):
+        parse_args(self, args, namespace)
+        raise Parsed
+
+    def prepare(flags):
+        parser = argparse.ArgumentParser()
+        server_args.ServerArgs.add_cli_args(parser)
+        parser.parse_args(flags)
+
+    try:
+        version = importlib.metadata.version("sglang")
+    except importlib.metadata.PackageNotFoundError:
+        version = None
+    argparse.ArgumentParser.error = error
+    argparse.ArgumentParser.parse_args = parse_then_stop
+    said = Said()
+    logging.getLogger().addHandler(said)
+    verdict = {"parser": server_args.__file__, "version": version}
+    with warnings.catch_warnings(record=True) as warned:
+        warnings.simplefilter("always")
+        try:
+            getattr(server_args, "prepare_server_args", prepare)(argv[1:])
+        except Refused as exc:
+            verdict["refused"] = str(exc)
+        except Parsed:
+            verdict["ok"] = True
+    ansi = re.compile(r"\\x1b\\[[0-9;]*m")  # SGLang colours its deprecation warnings
+    verdict["warnings"] = [ansi.sub("", text).strip() for text in [*said.messages, *(str(w.message) for w in warned)]]
+    return verdict
+
+def parse_in_fork(server_args, argv):
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(read)
+        try:
+            with os.fdopen(write, "w") as out:
+                out.write(json.dumps(parse(server_args, argv)))
+        finally:
+            os._exit(0)
+    os.close(write)
+    with os.fdopen(read) as said:
+        text = said.read()
+    os.waitpid(pid, 0)
+    try:
+        return json.loads(text)
+    except ValueError:
+        return {}  # it exited before its verdict (--help): the one-shot path says how
+
+def serve(server_args, answers):
+    print(json.dumps({"ready": True, "parser": server_args.__file__}), file=answers, flush=True)
+    for line in sys.stdin:
+        print(json.dumps(parse_in_fork(server_args, json.loads(line))), file=answers, flush=True)
+
+argv = sys.argv[1:]
+if argv:
+    sys.argv = argv
+    answers = sys.stdout
+else:
+    answers = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)  # what SGLang prints itself is not an answer
+server_args, unavailable = load()
+if unavailable is not None:
+    print(json.dumps(unavailable), file=answers, flush=True)
+elif argv:
+    print(json.dumps(parse(server_args, argv)))
+else:
+    serve(server_args, answers)
 """
 
 
@@ -210,6 +259,19 @@ def _verdict(found: ServerLaunch, env: Mapping[str, str], cwd: str | None) -> di
     verdict = _cached(key)
     if verdict is not None:
         return verdict
+    verdict = warm_parser.ask(python, _PARSE, {**os.environ, **env}, cwd, flags, CHECK_TIMEOUT_S)
+    if verdict is None:
+        verdict = _one_shot_verdict(python, flags, env, cwd)
+    # argparse quotes the words it refuses, and a warning may quote a flag: secret values among them.
+    if "refused" in verdict:
+        verdict["refused"] = mask_text(str(verdict["refused"]), flags)
+    verdict["warnings"] = [mask_text(str(w), flags) for w in verdict.get("warnings") or []]
+    _remember(key, verdict)
+    return verdict
+
+
+def _one_shot_verdict(python: str, flags: list[str], env: Mapping[str, str], cwd: str | None) -> dict[str, Any]:
+    """The verdict of an interpreter started for this one parse; _Unchecked when it gives none."""
     try:
         done = facts.run_python(python, ["-c", _PARSE, *flags], {**os.environ, **env}, cwd, CHECK_TIMEOUT_S)
     except (FileNotFoundError, PermissionError) as exc:
@@ -224,11 +286,6 @@ def _verdict(found: ServerLaunch, env: Mapping[str, str], cwd: str | None) -> di
     if not isinstance(verdict, dict) or not verdict:
         last = (done.stderr.strip().splitlines() or ["no output"])[-1]
         raise _Unchecked(f"SGLang's parser exited {done.returncode} without a verdict: {last}")
-    # argparse quotes the words it refuses, and a warning may quote a flag: secret values among them.
-    if "refused" in verdict:
-        verdict["refused"] = mask_text(str(verdict["refused"]), flags)
-    verdict["warnings"] = [mask_text(str(w), flags) for w in verdict.get("warnings") or []]
-    _remember(key, verdict)
     return verdict
 
 
@@ -257,14 +314,6 @@ def _cache_key(python: str, flags: list[str], env: Mapping[str, str] | None, cwd
     return hashlib.sha256(json.dumps(seen).encode()).hexdigest()
 
 
-def _parser_stamp(path: object) -> list[int] | None:
-    try:
-        stat = os.stat(str(path))
-    except OSError:
-        return None
-    return [stat.st_mtime_ns, stat.st_size]
-
-
 def _read_cache() -> dict[str, Any]:
     try:
         data = json.loads(cache_file().read_text())
@@ -281,11 +330,11 @@ def _cached(key: str) -> dict[str, Any] | None:
     verdict: dict[str, Any] = entry["verdict"]
     if not isinstance(verdict.get("warnings"), list):
         return None  # kept by an older version, which did not keep the parser's warnings: ask again
-    return verdict if entry.get("stamp") == _parser_stamp(verdict.get("parser")) else None
+    return verdict if entry.get("stamp") == warm_parser.file_stamp(verdict.get("parser")) else None
 
 
 def _remember(key: str, verdict: dict[str, Any]) -> None:
-    stamp = _parser_stamp(verdict.get("parser"))
+    stamp = warm_parser.file_stamp(verdict.get("parser"))
     if stamp is None or not ("ok" in verdict or "refused" in verdict):
         return  # only a parser's own verdict is worth keeping
     entries = _read_cache()
