@@ -107,7 +107,7 @@ def test_the_warm_parser_gives_the_one_shot_verdicts_refusal_warning_and_accepta
         assert warm(list(flags)) == verdict, flags
 
 
-def test_one_parse_does_not_leak_into_the_next_in_the_warm_parser(tmp_path: Path) -> None:
+def test_a_refusal_then_a_valid_command_in_one_warm_parser_gives_a_refusal_then_acceptance(tmp_path: Path) -> None:
     python = Noting(tmp_path)
     refused = python.check(REFUSED)
     assert refused is not None and refused["code"] == "launch-flags"
@@ -115,6 +115,35 @@ def test_one_parse_does_not_leak_into_the_next_in_the_warm_parser(tmp_path: Path
     for port in ("2", "3"):  # each parse hears its own deprecation warning
         warned = python.check(["--port", port, "--disable-cuda-graph"])
         assert warned is not None and warned["message"].endswith(DEPRECATED)
+    assert python.starts() == 1
+
+
+def test_a_parser_that_warns_once_per_process_warns_at_every_check(tmp_path: Path) -> None:
+    # 0.5.23's parser keeps nothing between parses that a verdict shows; a release whose deprecation warning is
+    # said once per process (transformers' warning_once, an lru_cache) would, were the parses not forked.
+    parser_file = tmp_path / "site" / "sglang" / "srt" / "server_args.py"
+    parser_file.parent.mkdir(parents=True)
+    for package in (parser_file.parent.parent, parser_file.parent):
+        (package / "__init__.py").write_text("")
+    parser_file.write_text(
+        "import argparse, functools, logging\n"
+        "@functools.lru_cache(None)\n"
+        "def warn_once(text):\n"
+        "    logging.getLogger(__name__).warning(text)\n"
+        "class Old(argparse.Action):\n"
+        "    def __call__(self, parser, namespace, values, option_string=None):\n"
+        "        warn_once(f'{option_string} is deprecated')\n"
+        "class ServerArgs:\n"
+        "    @staticmethod\n"
+        "    def add_cli_args(p):\n"
+        "        p.add_argument('--old', nargs=0, action=Old)\n"
+        "        p.add_argument('--port')\n"
+    )
+    python = Noting(tmp_path)
+    env = {"PYTHONPATH": str(tmp_path / "site")}
+    for port in ("1", "2"):
+        finding = check([str(python.path), "-m", "sglang.launch_server", "--old", "--port", port], env)
+        assert finding is not None and finding["message"].endswith("but warns: --old is deprecated"), port
     assert python.starts() == 1
 
 
