@@ -118,12 +118,11 @@ def list_hosts(settings: config.Config, as_json: bool) -> int:
 
 
 def complete_and_exit() -> None:
-    """The shell asks for completions (argcomplete's hook set _ARGCOMPLETE): answer from the grammar, and exit."""
-    import argcomplete
+    """The shell asks for completions (argcomplete's hook set _ARGCOMPLETE): answer from the grammar (RUN from the
+    host), and exit."""
+    from console.cli import completion
 
-    from console.cli import grammar
-
-    argcomplete.autocomplete(grammar.build_parser(grammar.GRAMMARS, completing=True))
+    completion.complete()
 
 
 def open_console(ns: argparse.Namespace, hosts: list[str], settings: config.Config, named: bool) -> int:

@@ -104,6 +104,22 @@ def as_flag(text: str) -> str:
     return text if text.startswith("-") else f"--{text}"
 
 
+class RunArgument(argparse._StoreAction):
+    """An argument that names a run of the host: shell completion offers the host's run ids and names
+    (`console.cli.completion`)."""
+
+
+def run_argument(
+    p: Parser,
+    *,
+    dest: str = "run",
+    metavar: str = "RUN",
+    nargs: str | None = None,
+    help: str = "run id, unique id prefix, or name",
+) -> None:
+    p.add_argument(dest, action=RunArgument, nargs=nargs, metavar=metavar, help=help)
+
+
 # What may follow a command's options: nothing; the run's own command line after '--' ("argv"); or every word
 # ("rest": a stage's own arguments, which argparse never sees).
 Tail = Literal["none", "argv", "rest"]
@@ -138,7 +154,7 @@ def command(
 
 @command("status", "runs and GPUs; with RUN, that run whole")
 def status(p: Parser) -> None:
-    p.add_argument("run", nargs="?", metavar="RUN", help="one run, every field whole (the runs table cuts large ones)")
+    run_argument(p, nargs="?", help="one run, every field whole (the runs table cuts large ones)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
 
 
@@ -189,13 +205,13 @@ def watch(p: Parser) -> None:
 
 @command("stacks", "every process's stack of a run: the latest dump, or a fresh one with --now")
 def stacks(p: Parser) -> None:
-    p.add_argument("run", metavar="RUN", help="run id, unique id prefix, or name")
+    run_argument(p)
     p.add_argument("--now", action="store_true", help="dump the live processes now (py-spy on the host)")
 
 
 @command("kill", "stop a run: SIGTERM, grace period, then SIGKILL")
 def kill(p: Parser) -> None:
-    p.add_argument("run", metavar="RUN", help="run id, unique id prefix, or name")
+    run_argument(p)
     p.add_argument("--signal", choices=SIGNAL_NAMES, default="TERM", help="the first signal (default TERM)")
     p.add_argument("--grace", type=seconds, default=10.0, help="seconds before SIGKILL (default 10)")
     p.add_argument("--json", action="store_true", help="what was signalled and how it ended, as JSON")
@@ -203,7 +219,7 @@ def kill(p: Parser) -> None:
 
 @command("relaunch", "start a copy of a run with flags changed (stops the old one)")
 def relaunch(p: Parser) -> None:
-    p.add_argument("run", metavar="RUN", help="run id, unique id prefix, or name")
+    run_argument(p)
     p.add_argument(
         "--set",
         dest="sets",
@@ -239,7 +255,7 @@ def free_gpus(p: Parser) -> None:
 
 @command("logs", "a run's output")
 def logs(p: Parser) -> None:
-    p.add_argument("run", metavar="RUN", help="run id, unique id prefix, or name")
+    run_argument(p)
     p.add_argument("--tail", type=int, help="only the last N lines")
     p.add_argument("--follow", "-f", action="store_true", help="keep printing until the run ends")
     p.add_argument(
@@ -252,7 +268,7 @@ def logs(p: Parser) -> None:
 
 @command("metrics", "a run's metric rows")
 def metrics(p: Parser) -> None:
-    p.add_argument("run", metavar="RUN", help="run id, unique id prefix, or name")
+    run_argument(p)
     p.add_argument("--json", action="store_true", help="one JSON object per line")
     p.add_argument("--tail", type=int, help="only the last N rows")
     p.add_argument("--follow", "-f", action="store_true", help="keep printing rows until the run ends")
@@ -262,7 +278,7 @@ def metrics(p: Parser) -> None:
 
 @command("export", "write a run's metrics to files on this machine: export RUN --tensorboard DIR")
 def export(p: Parser) -> None:
-    p.add_argument("run", metavar="RUN", help="run id, unique id prefix, or name")
+    run_argument(p)
     p.add_argument(
         "--tensorboard",
         metavar="DIR",
@@ -335,7 +351,7 @@ def serve(p: Parser) -> None:
     "console.",
 )
 def bench(p: Parser) -> None:
-    p.add_argument("target", metavar="RUN|URL", help="a serve run (id, prefix or name), or http://HOST:PORT")
+    run_argument(p, dest="target", metavar="RUN|URL", help="a serve run (id, prefix or name), or http://HOST:PORT")
     p.add_argument("--prompts", default="builtin", help="builtin, or a file on the host: a prompt per line, or .jsonl")
     p.add_argument("--requests", type=positive, default=32, help="requests in all (default 32)")
     p.add_argument("--concurrency", type=positive, default=4, help="requests at a time (default 4)")
