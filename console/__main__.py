@@ -14,7 +14,7 @@ import os
 import sys
 from typing import TYPE_CHECKING
 
-from console.cli import quick
+from console.cli import integrity, quick
 
 if TYPE_CHECKING:
     from console.cli import config
@@ -25,6 +25,8 @@ if TYPE_CHECKING:
 
 def main() -> int:
     words = sys.argv[1:]
+    if integrity.checks(words):
+        integrity.warn()
     code = quick.answer(words)
     return command_line(words) if code is None else code
 
