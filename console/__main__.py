@@ -53,7 +53,8 @@ def command_line(words: list[str]) -> int:
     import asyncio
 
     from console.cli import config, connect, fleet_commands, grammar
-    from console.cli.output import EXIT_FAILED, EXIT_OK, EXIT_USAGE, UsageError, note
+    from console.cli.config import UsageError
+    from console.cli.output import EXIT_FAILED, EXIT_OK, EXIT_USAGE, note
 
     if "_ARGCOMPLETE" in os.environ:
         complete_and_exit()
@@ -131,7 +132,8 @@ def open_console(ns: argparse.Namespace, hosts: list[str], settings: config.Conf
     """The terminal console (Textual) on HOST, or on several hosts at once (a HOST column, each link its own), with
     config.toml's keys and theme (the theme last chosen with `t` comes first: `console.tui.app.state_path`)."""
     from console.cli import config, connect
-    from console.cli.output import EXIT_FAILED, EXIT_OK, UsageError
+    from console.cli.config import UsageError
+    from console.cli.output import EXIT_FAILED, EXIT_OK
     from console.tui.app import ConsoleApp
     from console.tui.keys import KeysError, keymap
     from console.tui.preferences import Preferences, state_path

@@ -35,7 +35,7 @@ from backends.protocol import TERMINAL_STATES
 from backends.runs import once
 from backends.runs.control import OpError, kill
 from backends.runs.store import LAUNCHES, RunSpec, RunStore
-from console.cli import config, grammar, output
+from console.cli import config, grammar
 from console.link import ops as deadlines
 from console.link.client import AgentClient
 from console.link.transport import Transport
@@ -367,7 +367,7 @@ def test_timeout_takes_any_positive_number_of_seconds(value: float) -> None:
 
 @pytest.mark.parametrize("text", ["0", "-1", "nan", "inf", "soon"])
 def test_timeout_refuses_what_is_no_time_to_answer(text: str) -> None:
-    with pytest.raises(output.UsageError):
+    with pytest.raises(config.UsageError):
         grammar.build_parser(grammar.GRAMMARS).parse_args(["--timeout", text, "gpu1", "status"])
 
 

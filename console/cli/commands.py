@@ -16,10 +16,10 @@ from collections.abc import Awaitable, Callable
 from backends.protocol import MetricRow
 from console import render
 from console.cli import export
+from console.cli.config import UsageError
 from console.cli.output import (
     EXIT_FAILED,
     EXIT_OK,
-    UsageError,
     doctor_text,
     dump,
     note,

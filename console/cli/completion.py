@@ -107,7 +107,7 @@ def job_choices(runs: list[dict[str, Any]]) -> dict[str, str]:
 
 def known_runs(ns: argparse.Namespace) -> list[dict[str, Any]] | None:
     """The host's runs as completion keeps them: from the cache while it stands, else asked of the host."""
-    target = connect.target_of(ns)
+    target = config.target_of(ns)
     cached = cache_file(target)
     if cached is not None:
         runs = read_cache(cached)

@@ -39,6 +39,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from console.link import reuse
+
 if TYPE_CHECKING:
     import argparse
 
@@ -63,6 +65,11 @@ TABLES = ("defaults", "hosts", "groups", "keys")
 CONFIG_ENV = "EAGLE3_CONSOLE_CONFIG"
 # Far above any real settings file, far below what takes seconds to parse before every command.
 MAX_SETTINGS_BYTES = 1024 * 1024
+
+
+class UsageError(Exception):
+    """A command given wrongly (its words, an option that does not go with another): one line, exit 2, as a
+    settings file that cannot be used (ConfigError)."""
 
 
 class ConfigError(Exception):
@@ -338,3 +345,8 @@ def apply_settings(ns: argparse.Namespace, settings: Config) -> None:
     for key, value in chosen.items():
         if getattr(ns, OPTION_OF.get(key, key), False) is None:
             setattr(ns, OPTION_OF.get(key, key), Path(value) if key == "workdir" else value)
+
+
+def target_of(ns: argparse.Namespace) -> reuse.Target:
+    """What a multiplexer of the host is keyed by (config.toml's settings applied to `ns`)."""
+    return reuse.Target(ns.host, str(ns.workdir) if ns.workdir is not None else None, ns.remote_python)

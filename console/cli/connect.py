@@ -10,8 +10,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from console.cli import config
-from console.cli.output import UsageError
-from console.link import reuse
+from console.cli.config import UsageError
 
 if TYPE_CHECKING:
     from console.fleet.hosts import Fleet
@@ -19,11 +18,6 @@ if TYPE_CHECKING:
     from console.link.transport import Transport
 
 TransportFor = Callable[[argparse.Namespace], "Transport"]  # a host's transport, given its options
-
-
-def target_of(ns: argparse.Namespace) -> reuse.Target:
-    """What a multiplexer of the host is keyed by (config.toml's settings applied to `ns`)."""
-    return reuse.Target(ns.host, str(ns.workdir) if ns.workdir is not None else None, ns.remote_python)
 
 
 def make_transport(
@@ -73,7 +67,7 @@ def command_transport(ns: argparse.Namespace) -> Transport:
         return make_transport(ns, terminal_trust(ns))
     from console.link.reuse_transport import ReusingTransport  # asyncssh only when a direct connection is needed
 
-    return ReusingTransport(target_of(ns), lambda: make_transport(ns, terminal_trust(ns)))
+    return ReusingTransport(config.target_of(ns), lambda: make_transport(ns, terminal_trust(ns)))
 
 
 def host_options(ns: argparse.Namespace, host: str, settings: config.Config) -> argparse.Namespace:

@@ -21,7 +21,8 @@ from backends.protocol import TERMINAL_STATES, JobNode, LaunchResult
 from console import actions, render
 from console.cli import output
 from console.cli.commands import Handler, follow_metrics, follow_startup
-from console.cli.output import EXIT_FAILED, EXIT_OK, UsageError, doctor_text, dump, failed, note, out, report
+from console.cli.config import UsageError
+from console.cli.output import EXIT_FAILED, EXIT_OK, doctor_text, dump, failed, note, out, report
 from console.fleet import jobs
 from console.fleet.hosts import Fleet, Member, host_json
 from console.link.client import AgentClient, reconnect_and_say

@@ -18,7 +18,7 @@ from typing import Literal, NoReturn
 import backends
 from backends.protocol import MIN_INTERVAL_S, RUN_KINDS, SIGNAL_NAMES, parse_source
 from console.cli import config
-from console.cli.output import UsageError
+from console.cli.config import UsageError
 
 # The global options that take a value: the word after each is not HOST.
 VALUED_OPTIONS = ("--workdir", "--remote-python", "--timeout", "--config")

@@ -21,10 +21,6 @@ from console.visible import printable, visible
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
 
-class UsageError(Exception):
-    """A command given wrongly (its words, an option that does not go with another): one line, exit 2."""
-
-
 def note(text: str) -> None:
     """A line for the person watching, on stderr (stdout stays the data); what a run wrote into it is shown, never
     acted on by the terminal (see console.visible), as in everything below."""

@@ -21,8 +21,9 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from backends.protocol import MAX_LINE_BYTES, PROTOCOL_VERSION, request_line, too_large_reply
-from console.cli import config, connect, grammar
-from console.cli.output import EXIT_FAILED, EXIT_OK, UsageError, cmd_kill, cmd_stacks, cmd_status, failed, note
+from console.cli import config, grammar
+from console.cli.config import UsageError
+from console.cli.output import EXIT_FAILED, EXIT_OK, cmd_kill, cmd_stacks, cmd_status, failed, note
 from console.link import reuse
 from console.link.ops import AgentError, AgentOps, NoAnswer, TransportError, no_answer, reply_result, seconds_for
 
@@ -156,7 +157,7 @@ def answer(words: list[str]) -> int | None:
     command = ONE_SHOT.get(ns.command)
     if command is None or tail or ns.host == "local" or ns.no_reuse:
         return None
-    target = connect.target_of(ns)
+    target = config.target_of(ns)
     try:
         path = reuse.socket_path(target)
     except reuse.ReuseUnavailable:
