@@ -20,7 +20,7 @@ import pytest
 from backends.protocol import Finding
 from backends.sglang import flags as serve_flags
 from backends.sglang import launch, warm_parser
-from tests.test_serve_flags import DEPRECATED
+from tests.test_serve_flags import DEPRECATED, sglang_parser_file
 
 PARSER_PATH = os.environ.get("EAGLE3_SGLANG_PARSER_PATH")
 pytestmark = pytest.mark.skipif(PARSER_PATH is None, reason="EAGLE3_SGLANG_PARSER_PATH unset: run `make test`")
@@ -121,10 +121,7 @@ def test_a_refusal_then_a_valid_command_in_one_warm_parser_gives_a_refusal_then_
 def test_a_parser_that_warns_once_per_process_warns_at_every_check(tmp_path: Path) -> None:
     # 0.5.23's parser keeps nothing between parses that a verdict shows; a release whose deprecation warning is
     # said once per process (transformers' warning_once, an lru_cache) would, were the parses not forked.
-    parser_file = tmp_path / "site" / "sglang" / "srt" / "server_args.py"
-    parser_file.parent.mkdir(parents=True)
-    for package in (parser_file.parent.parent, parser_file.parent):
-        (package / "__init__.py").write_text("")
+    parser_file = sglang_parser_file(tmp_path / "site")
     parser_file.write_text(
         "import argparse, functools, logging\n"
         "@functools.lru_cache(None)\n"

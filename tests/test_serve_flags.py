@@ -134,12 +134,18 @@ def test_a_serve_launch_with_a_python_lacking_sglang_starts_nothing_and_says_wha
     assert runs(workdir) == []
 
 
-def test_a_verdict_is_reused_until_sglangs_parser_changes(tmp_path: Path) -> None:
-    # An SGLang whose parser knows one flag, and an interpreter that notes each time it runs.
-    parser_file = tmp_path / "site" / "sglang" / "srt" / "server_args.py"
+def sglang_parser_file(site: Path) -> Path:
+    """An SGLang package under `site` (its `sglang` and `sglang.srt` packages), and where its parser module goes."""
+    parser_file = site / "sglang" / "srt" / "server_args.py"
     parser_file.parent.mkdir(parents=True)
     for package in (parser_file.parent.parent, parser_file.parent):
         (package / "__init__.py").write_text("")
+    return parser_file
+
+
+def test_a_verdict_is_reused_until_sglangs_parser_changes(tmp_path: Path) -> None:
+    # An SGLang whose parser knows one flag, and an interpreter that notes each time it runs.
+    parser_file = sglang_parser_file(tmp_path / "site")
     known = 'class ServerArgs:\n    @staticmethod\n    def add_cli_args(p):\n        p.add_argument("--model-path")\n'
     parser_file.write_text(known)
     runs_log = tmp_path / "runs.log"
@@ -167,10 +173,7 @@ def test_a_verdict_is_reused_until_sglangs_parser_changes(tmp_path: Path) -> Non
 
 
 def test_a_refusal_quoting_a_secret_is_kept_masked(tmp_path: Path) -> None:
-    parser_file = tmp_path / "sglang" / "srt" / "server_args.py"
-    parser_file.parent.mkdir(parents=True)
-    for package in (parser_file.parent.parent, parser_file.parent):
-        (package / "__init__.py").write_text("")
+    parser_file = sglang_parser_file(tmp_path)
     parser_file.write_text("class ServerArgs:\n    @staticmethod\n    def add_cli_args(p):\n        pass\n")
     finding = check([*SERVER, "--my-api-key", "sk-live-42"], {"PYTHONPATH": str(tmp_path)})
     assert finding is not None and "sk-live-42" not in finding["message"] and "--my-api-key ***" in finding["message"]
@@ -271,10 +274,7 @@ def test_a_deprecated_flag_is_accepted_with_sglangs_warning_and_the_spelling_to_
 
 def test_a_verdict_cached_without_its_warnings_is_asked_again(tmp_path: Path) -> None:
     # An SGLang whose parser warns of a deprecated flag through its logger, as 0.5.23's does.
-    parser_file = tmp_path / "site" / "sglang" / "srt" / "server_args.py"
-    parser_file.parent.mkdir(parents=True)
-    for package in (parser_file.parent.parent, parser_file.parent):
-        (package / "__init__.py").write_text("")
+    parser_file = sglang_parser_file(tmp_path / "site")
     parser_file.write_text(
         "import argparse, logging\n"
         "class Old(argparse.Action):\n"
