@@ -320,12 +320,16 @@ def test_a_job_with_a_frozen_rank_is_stalled_as_a_job_naming_it_and_one_kill_sto
     os.kill(frozen, signal.SIGSTOP)
     stopped_at = time.monotonic()
     try:
-        while (found := job_of(laptop, job))["state"] != "stalled":
+        # Each host's watch calls its own node stalled, node 0 (waiting on the frozen rank) often first: within a
+        # few seconds of the job being stalled, its story leads with the stopped rank.
+        while not (
+            (found := job_of(laptop, job))["state"] == "stalled"
+            and found["detail"].startswith("node 1 (b): rank 1 stopped")
+        ):
             assert time.monotonic() - stopped_at < 60, found
             time.sleep(0.5)
         took = time.monotonic() - stopped_at
-        print(f"frozen rank called stalled as a job after {took:.1f} s (window 5 s)")
-        assert found["detail"].startswith("node 1 (b): rank 1 stopped"), found["detail"]
+        print(f"frozen rank named in the job's stall after {took:.1f} s (window 5 s)")
         assert "node 0 (a): rank 0 " in found["detail"]
         text = laptop.cli("lab", "status").stdout
         assert f"job {job}  stalled  2/2 nodes  node 1 (b): rank 1 stopped" in text
