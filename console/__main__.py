@@ -1,9 +1,9 @@
 """`eagle3-console` (and `python -m console`): the entry, the one module that knows both the command line and the
 terminal console. A short command goes through a running multiplexer when it can (`console.cli.quick`: no event
 loop to import); else the command line runs it, the table here tying each command of `console.cli.grammar` to what
-does it (`console.cli.commands` for a command of one host, `console.cli.fleet_commands` for those that work on one
-host or several), over the fleet of the hosts it names (`console.fleet.hosts`); without a COMMAND, the terminal
-console (`console.tui`) opens on those hosts. Exit codes and messages: `console.cli.output`.
+does it over the fleet of the hosts it names (`console.cli.fleet_commands.handler_for`: a command of one host runs
+on its fleet's one host); without a COMMAND, the terminal console (`console.tui`) opens on those hosts. Exit codes
+and messages: `console.cli.output`.
 """
 
 from __future__ import annotations
@@ -14,18 +14,16 @@ import os
 import sys
 from typing import TYPE_CHECKING
 
-from console.cli import integrity, quick
+from console.cli import grammar, integrity, quick
 
 if TYPE_CHECKING:
     from console.cli import config
-    from console.cli.commands import Handler
     from console.cli.fleet_commands import FleetHandler
-    from console.cli.grammar import Grammar
 
 
 def main() -> int:
     words = sys.argv[1:]
-    if integrity.checks(words):
+    if integrity.checks(words, grammar.command_of(words)):
         integrity.warn()
     code = quick.answer(words)
     return command_line(words) if code is None else code
@@ -33,26 +31,22 @@ def main() -> int:
 
 @dataclasses.dataclass(frozen=True)
 class Command:
-    grammar: Grammar
+    grammar: grammar.Grammar
     run: FleetHandler
 
 
 def commands() -> dict[str, Command]:
     """What each command does; `--help` lists them in `console.cli.grammar.GRAMMARS`' order. Built when the
     command line runs: the quick way imports none of it."""
-    from console.cli import commands, fleet_commands, grammar, output
+    from console.cli import fleet_commands
 
-    one_host: dict[str, Handler] = {"stacks": output.cmd_stacks, **commands.HANDLERS}
-    return {
-        g.name: Command(g, fleet_commands.HANDLERS.get(g.name) or fleet_commands.on_one_host(one_host[g.name]))
-        for g in grammar.GRAMMARS
-    }
+    return {g.name: Command(g, fleet_commands.handler_for(g.name)) for g in grammar.GRAMMARS}
 
 
 def command_line(words: list[str]) -> int:
     import asyncio
 
-    from console.cli import config, connect, fleet_commands, grammar
+    from console.cli import config, connect, fleet_commands
     from console.cli.config import UsageError
     from console.cli.output import EXIT_FAILED, EXIT_OK, EXIT_USAGE, note
 
@@ -64,7 +58,7 @@ def command_line(words: list[str]) -> int:
         rest = options[grammar.first_word(options) :]
         if rest[:1] == [grammar.listing.name]:
             grammar.listing.check_tail(tail)
-            return list_hosts(settings, grammar.listing_parser().parse_args(rest[1:]).json)
+            return fleet_commands.list_hosts(settings, grammar.listing_parser().parse_args(rest[1:]).json)
         ns = grammar.build_parser(grammar.GRAMMARS).parse_args(options)
         hosts = settings.expand(ns.host)
         named = hosts != [ns.host]  # a list or a group, even of one: the answer has the same shape for any size
@@ -100,24 +94,6 @@ def command_line(words: list[str]) -> int:
         # stdout closed early (e.g. `| head`): not an error of ours.
         sys.stderr.close()
         return EXIT_OK
-
-
-def list_hosts(settings: config.Config, as_json: bool) -> int:
-    """`eagle3-console hosts`: each host, where it is, what it sets."""
-    from console import render
-    from console.cli import config
-    from console.cli.output import EXIT_OK, dump, out
-
-    hosts = config.known_hosts(settings)
-    if as_json:
-        dump([dataclasses.asdict(host) for host in hosts])
-    elif hosts:
-        settings_of = {host.name: " ".join(f"{key}={value}" for key, value in host.settings.items()) for host in hosts}
-        rows = [[h.name, h.address, h.source, settings_of[h.name], h.description] for h in hosts]
-        out(render.table(["HOST", "ADDRESS", "FROM", "SETTINGS", "DESCRIPTION"], rows))
-    else:
-        out(f"no hosts yet: name them in {settings.path}, or as Host entries in ~/.ssh/config")
-    return EXIT_OK
 
 
 def complete_and_exit() -> None:

@@ -27,7 +27,7 @@ from backends.protocol import (
 )
 from console.fleet import jobs
 from console.fleet.hosts import Fleet, Member
-from console.link.ops import AgentError, AgentOps, TransportError
+from console.link.transport import AgentError, AgentOps, TransportError
 
 T = TypeVar("T")
 KILL_GRACE_S = 10.0  # SIGKILL follows SIGTERM after this long, for whatever is left

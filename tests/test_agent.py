@@ -16,7 +16,7 @@ from backends import protocol
 from backends.runs.store import EVENTS, RunStore
 from console.link.client import AgentClient
 from console.link.local import LocalTransport
-from console.link.ops import AgentError
+from console.link.transport import AgentError
 from tests.conftest import run_state, wait_for
 
 

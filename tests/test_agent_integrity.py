@@ -25,8 +25,8 @@ from hypothesis import strategies as st
 from backends.shipped import PARTIAL
 from console.link.agent_upload import CACHE, backends_version, launch_command, sources
 from console.link.client import AgentClient
-from console.link.ops import AgentError
 from console.link.ssh import SSHTransport
+from console.link.transport import AgentError
 from tests.sshd import ALIAS, Sshd
 from tests.test_ssh import console
 

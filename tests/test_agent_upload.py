@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from console.link import py_spy, vendored
+from console.link import agent_upload, py_spy
 from console.link.agent_upload import backends_version
 from console.link.ssh import SSHTransport
 from tests.conftest import wait_for
@@ -155,13 +155,13 @@ def test_an_altered_shipped_dependency_is_restored_before_the_agent_runs(sshd: S
 
 def test_a_compiled_dependency_is_refused_in_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
     """markupsafe, as installed here, carries a C extension (real): it cannot go to a host of another Python."""
-    monkeypatch.setattr(vendored, "DEPENDENCIES", ("markupsafe",))
-    vendored.vendor_files.cache_clear()
+    monkeypatch.setattr(agent_upload, "DEPENDENCIES", ("markupsafe",))
+    agent_upload.vendor_files.cache_clear()
     try:
-        with pytest.raises(vendored.VendorError, match="compiled") as refused:
-            vendored.vendor_files()
+        with pytest.raises(agent_upload.VendorError, match="compiled") as refused:
+            agent_upload.vendor_files()
     finally:
-        vendored.vendor_files.cache_clear()
+        agent_upload.vendor_files.cache_clear()
     assert "\n" not in str(refused.value) and "MarkupSafe" in str(refused.value)
 
 

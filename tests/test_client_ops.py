@@ -13,7 +13,7 @@ from backends import protocol, serving
 from backends.agent import Agent
 from console.link.client import AgentClient
 from console.link.local import LocalTransport
-from console.link.ops import AgentError, TransportError
+from console.link.transport import AgentError, TransportError
 
 # A value of each accepted type, for the required arguments.
 SAMPLES: dict[type, object] = {str: "x", list: [], dict: {}, int: 1, float: 1.0, bool: True}

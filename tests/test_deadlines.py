@@ -36,7 +36,7 @@ from backends.runs import once
 from backends.runs.control import OpError, kill
 from backends.runs.store import LAUNCHES, RunSpec, RunStore
 from console.cli import config, grammar
-from console.link import ops as deadlines
+from console.link import transport as deadlines
 from console.link.client import AgentClient
 from console.link.transport import Transport
 from tests.conftest import REPO, ctrl_c_reaches_it

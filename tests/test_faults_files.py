@@ -21,7 +21,7 @@ from backends.runs.store import RunSpec, RunStore
 from console.fleet.hosts import Fleet
 from console.link.client import AgentClient, Subscription
 from console.link.local import LocalTransport
-from console.link.ops import AgentError, TransportError
+from console.link.transport import AgentError, TransportError
 from console.tui.app import ConsoleApp
 from console.tui.panels import RunDetail, RunsTable
 from tests.conftest import CLI, REPO, launch, remove_live_folder, status, until, wait_state

@@ -24,7 +24,7 @@ from console.cli.fleet_commands import watch_lines
 from console.fleet.hosts import Fleet
 from console.link.client import AgentClient
 from console.link.local import LocalTransport
-from console.link.ops import AgentError
+from console.link.transport import AgentError
 from console.tui.app import ConsoleApp
 from console.tui.panels import RunDetail, RunsTable, detail_text, run_row
 from console.visible import printable

@@ -14,7 +14,7 @@ from console.fleet.hosts import Fleet, HostsStatus
 from console.fleet.names import split
 from console.link.client import AgentClient
 from console.link.local import LocalTransport
-from console.link.ops import AgentError, TransportError
+from console.link.transport import AgentError, TransportError
 
 SLEEPER = "import time; time.sleep(60)"
 

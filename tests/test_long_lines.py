@@ -38,9 +38,8 @@ from console.cli import quick
 from console.link.client import LOGS_AHEAD, PAST_END, AgentClient, log_bytes
 from console.link.local import LocalTransport
 from console.link.multiplexer import Multiplexer, Session
-from console.link.ops import AgentError, AgentOps
 from console.link.ssh import SSHTransport
-from console.link.transport import HEAD_BYTES, OversizedLine, Transport, stream_piece, whole_line
+from console.link.transport import HEAD_BYTES, AgentError, AgentOps, OversizedLine, Transport, stream_piece, whole_line
 from tests.conftest import REPO, wait_for
 from tests.sshd import ALIAS, Sshd
 from tests.test_ssh_reuse import Place

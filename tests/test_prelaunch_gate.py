@@ -10,7 +10,7 @@ import pytest
 
 from backends.runs.store import RunDir
 from console.link.client import AgentClient
-from console.link.ops import AgentError
+from console.link.transport import AgentError
 from tests.conftest import CLI
 from tests.draft_fixtures import HIDDEN, good_draft, write_target
 

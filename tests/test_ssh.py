@@ -25,8 +25,8 @@ from hypothesis import strategies as st
 
 from console.fleet.hosts import Fleet
 from console.link.agent_upload import backends_version
-from console.link.ops import TransportError
 from console.link.ssh import parse_host
+from console.link.transport import TransportError
 from tests.conftest import REPO, free_port, until, wait_for
 from tests.sshd import ALIAS, Sshd, keygen
 

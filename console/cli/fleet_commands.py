@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import os
 import sys
@@ -19,14 +20,14 @@ from typing import Any
 
 from backends.protocol import TERMINAL_STATES, JobNode, LaunchResult
 from console import actions, render
-from console.cli import output
+from console.cli import commands, config, output
 from console.cli.commands import Handler, follow_metrics, follow_startup
 from console.cli.config import UsageError
 from console.cli.output import EXIT_FAILED, EXIT_OK, doctor_text, dump, failed, note, out, report
 from console.fleet import jobs
 from console.fleet.hosts import Fleet, Member, host_json
 from console.link.client import AgentClient, reconnect_and_say
-from console.link.ops import AgentError, AgentOps, TransportError
+from console.link.transport import AgentError, AgentOps, TransportError
 
 # What a command that works on the fleet does, given it, its options and its tail; its exit code.
 FleetHandler = Callable[[Fleet, argparse.Namespace, list[str]], Awaitable[int]]
@@ -357,6 +358,26 @@ def watch_lines(states: dict[str, str] | None, runs: Sequence[Mapping[str, Any]]
             lines.append(f"{render.clock(now)} {change.text}")
             lines.extend(f"    {line}" for line in render.run_notes([run], failures=False))
     return lines
+
+
+def handler_for(command: str) -> FleetHandler:
+    """What `command` does over its fleet: its own handler here, or a command of one host run on the fleet's host."""
+    one_host: dict[str, Handler] = {"stacks": output.cmd_stacks, **commands.HANDLERS}
+    return HANDLERS.get(command) or on_one_host(one_host[command])
+
+
+def list_hosts(settings: config.Config, as_json: bool) -> int:
+    """`eagle3-console hosts`: each host a fleet can be made of, where it is, what it sets."""
+    hosts = config.known_hosts(settings)
+    if as_json:
+        dump([dataclasses.asdict(host) for host in hosts])
+    elif hosts:
+        settings_of = {host.name: " ".join(f"{key}={value}" for key, value in host.settings.items()) for host in hosts}
+        rows = [[h.name, h.address, h.source, settings_of[h.name], h.description] for h in hosts]
+        out(render.table(["HOST", "ADDRESS", "FROM", "SETTINGS", "DESCRIPTION"], rows))
+    else:
+        out(f"no hosts yet: name them in {settings.path}, or as Host entries in ~/.ssh/config")
+    return EXIT_OK
 
 
 HANDLERS: dict[str, FleetHandler] = {

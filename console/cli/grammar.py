@@ -519,6 +519,16 @@ def config_flag(words: list[str]) -> Path | None:
     return None if found is None else Path(found)
 
 
+def command_of(words: list[str]) -> str | None:
+    """The COMMAND of a command line, HOST given or left out (`with_host`'s reading)."""
+    rest = words[first_word(words) :]
+    if not rest:
+        return None
+    if host_left_out(rest):
+        return rest[0]
+    return rest[1] if len(rest) > 1 else None
+
+
 def host_left_out(rest: list[str]) -> bool:
     """Whether the words after the global options begin without HOST: nothing (the console), or a command
     alone at the head (`status`, `kill RUN`). A command followed by a command names a host, kubectl's way

@@ -18,8 +18,6 @@ import os
 import sys
 from pathlib import Path
 
-from console.cli import grammar
-
 DIST_INFO_PREFIX = "eagle3_console-"  # pyproject's [project] name as a wheel spells its .dist-info folder
 PACKAGES = ("console", "backends", "themes")
 CHECKED_COMMANDS = ("status", "doctor")
@@ -28,22 +26,13 @@ FIX = (
 )
 
 
-def checks(words: list[str]) -> bool:
-    """Whether the command line is one that says whose packages run: --version, status or doctor."""
+def checks(words: list[str], command: str | None) -> bool:
+    """Whether the command line (its COMMAND: `grammar.command_of`) is one that says whose packages run:
+    --version, status or doctor."""
     if "_ARGCOMPLETE" in os.environ:
         return False  # a shell completing: its line is no place for a warning
     own = words[: words.index("--")] if "--" in words else words
-    return "--version" in own or command_of(own) in CHECKED_COMMANDS
-
-
-def command_of(words: list[str]) -> str | None:
-    """The COMMAND of a command line, HOST given or left out (`grammar.with_host`'s reading)."""
-    rest = words[grammar.first_word(words) :]
-    if not rest:
-        return None
-    if grammar.host_left_out(rest):
-        return rest[0]
-    return rest[1] if len(rest) > 1 else None
+    return "--version" in own or command in CHECKED_COMMANDS
 
 
 def warn() -> None:

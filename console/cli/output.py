@@ -15,7 +15,7 @@ import sys
 
 from backends.protocol import DoctorResult
 from console import render
-from console.link.ops import AgentError, AgentOps, TransportError
+from console.link.transport import AgentError, AgentOps, TransportError
 from console.visible import printable, visible
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2

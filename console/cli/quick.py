@@ -25,7 +25,7 @@ from console.cli import config, grammar
 from console.cli.config import UsageError
 from console.cli.output import EXIT_FAILED, EXIT_OK, cmd_kill, cmd_stacks, cmd_status, failed, note
 from console.link import reuse
-from console.link.ops import AgentError, AgentOps, NoAnswer, TransportError, no_answer, reply_result, seconds_for
+from console.link.transport import AgentError, AgentOps, NoAnswer, TransportError, no_answer, reply_result, seconds_for
 
 T = TypeVar("T")
 
@@ -43,7 +43,7 @@ class BlockingClient(AgentOps):
     def __init__(self, spec: str, timeout: float | None = None) -> None:
         self.spec = spec
         self.timeout = (
-            timeout  # --timeout: every call's deadline; None: each call's own (`console.link.ops.seconds_for`)
+            timeout  # --timeout: every call's deadline; None: each call's own (`console.link.transport.seconds_for`)
         )
         self._ids = itertools.count(1)
         self._sock: socket.socket | None = None

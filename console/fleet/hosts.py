@@ -21,8 +21,7 @@ from typing import Any, TypedDict, TypeVar, cast
 from backends.protocol import GpuInfo, HelloResult, RunInfo, StatusResult
 from console.fleet.names import SEPARATOR, key, split
 from console.link.client import AgentClient, Subscription
-from console.link.ops import AgentError, AgentOps, NoAnswer, TransportError
-from console.link.transport import Transport
+from console.link.transport import AgentError, AgentOps, NoAnswer, Transport, TransportError
 
 T = TypeVar("T")
 RUN_FIELDS = ("run", "parent", "id", "served_run")  # reply fields that name a run of the host

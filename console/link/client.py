@@ -1,4 +1,4 @@
-"""The agent client: the typed operations (`console.link.ops`) over asyncio, and subscriptions that stream.
+"""The agent client: the typed operations (`console.link.transport`) over asyncio, and subscriptions that stream.
 
 The CLI and the TUI talk to this, never to a transport. A subscription is an
 async iterator of stream messages; its offsets are kept so a new client (after
@@ -25,8 +25,17 @@ from backends.protocol import (
     SubscribeResult,
     UnsubscribeResult,
 )
-from console.link.ops import AgentError, AgentOps, NoAnswer, TransportError, no_answer, reply_result, seconds_for
-from console.link.transport import OversizedLine, Transport
+from console.link.transport import (
+    AgentError,
+    AgentOps,
+    NoAnswer,
+    OversizedLine,
+    Transport,
+    TransportError,
+    no_answer,
+    reply_result,
+    seconds_for,
+)
 
 RECONNECT_BACKOFF_S = (1.0, 2.0, 4.0, 8.0, 15.0, 30.0)  # seconds between tries to reach a lost agent
 # A link lost this many times in a row the same way, each time before any data came over the new one
@@ -74,7 +83,7 @@ class AgentClient(AgentOps):
     def __init__(self, transport: Transport, timeout: float | None = None) -> None:
         self.transport = transport
         self.timeout = (
-            timeout  # --timeout: every call's deadline; None: each call's own (`console.link.ops.seconds_for`)
+            timeout  # --timeout: every call's deadline; None: each call's own (`console.link.transport.seconds_for`)
         )
         self._ids = itertools.count(1)
         self._pending: dict[int | str, asyncio.Future[Any]] = {}

@@ -10,8 +10,7 @@ import sys
 from pathlib import Path
 
 from backends.protocol import CHILD_ONLY_ENV, MAX_LINE_BYTES
-from console.link.ops import TransportError
-from console.link.transport import STDERR_KEEP_LINES, Transport, stream_piece, whole_line
+from console.link.transport import STDERR_KEEP_LINES, Transport, TransportError, stream_piece, whole_line
 
 
 class LocalTransport(Transport):

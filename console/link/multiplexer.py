@@ -31,9 +31,8 @@ from pathlib import Path
 from backends import protocol
 from backends.protocol import MAX_LINE_BYTES, REPLY_HEAD, STREAM_HEAD
 from console.link import reuse
-from console.link.ops import TransportError
 from console.link.ssh import DEFAULT_PYTHON, SSHTransport
-from console.link.transport import OversizedLine
+from console.link.transport import OversizedLine, TransportError
 
 SESSION_BUFFER_LIMIT = 64 * 1024 * 1024  # a command this far behind (a paused `logs -f | less`) is let go
 

@@ -10,8 +10,7 @@ from pathlib import Path
 
 from backends.protocol import MAX_LINE_BYTES
 from console.link import reuse
-from console.link.ops import TransportError
-from console.link.transport import Transport, stream_piece, whole_line
+from console.link.transport import Transport, TransportError, stream_piece, whole_line
 
 
 class MultiplexedTransport(Transport):

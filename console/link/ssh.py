@@ -28,9 +28,8 @@ from typing import Any
 
 import asyncssh
 
-from console.link import agent_upload, host_keys, py_spy, vendored
-from console.link.ops import TransportError
-from console.link.transport import STDERR_KEEP_LINES, Transport, whole_line
+from console.link import agent_upload, host_keys, py_spy
+from console.link.transport import STDERR_KEEP_LINES, Transport, TransportError, whole_line
 from console.visible import printable
 
 DEFAULT_PYTHON = "python3"  # the host's interpreter for the agent, unless --remote-python names another
@@ -166,7 +165,7 @@ class SSHTransport(Transport):
         assert self._conn is not None
         try:
             files = agent_upload.manifest()
-        except vendored.VendorError as exc:
+        except agent_upload.VendorError as exc:
             raise TransportError(f"{self.spec}: {exc}", transient=False) from None
         workdir = str(self.workdir) if self.workdir is not None else DEFAULT_WORKDIR
         command = agent_upload.launch_command(self.python, workdir, agent_upload.version_of(files))

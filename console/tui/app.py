@@ -32,7 +32,7 @@ from backends.protocol import TERMINAL_STATES, MetricRow, NonfiniteValue, RunInf
 from console import actions, render
 from console.fleet import jobs
 from console.fleet.hosts import Fleet, HostsStatus
-from console.link.ops import AgentError, AgentOps, TransportError
+from console.link.transport import AgentError, AgentOps, TransportError
 from console.tui.chart import ChartPicker, ChartsPanel, RunMetrics, choices, default_charts, nonfinite_value, spec_label
 from console.tui.commands import RunCommands
 from console.tui.dialogs import ConfirmScreen, HelpScreen, RelaunchScreen, TextScreen
