@@ -1,9 +1,10 @@
 """A serve run's metric rows from SGLang's own /metrics (`--enable-metrics`), with its decode lines as the fallback.
 
-Real: SGLang 0.5.23's expositions in tests/sglang_output/metrics_*_0.5.23.txt (captured from the real server on
-CPU, see the README there), prometheus_client's parser, the supervisors and their watch, and in the last test the
-real server itself. The serving SGLang of the supervised runs is tests/sglang_standin.py, whose /metrics is written
-by prometheus_client with SGLang's names, labels and buckets (tests/standin_metrics.py).
+Real: SGLang 0.5.23's expositions in tests/sglang_output/metrics_*_0.5.23.txt (captured from the real server on CPU,
+see the README there), prometheus_client's parser, the supervisors and their watch; the real server's /metrics read
+live is in tests/test_sglang_real_serve.py (one real server for the suite). The serving SGLang of the supervised
+runs is tests/sglang_standin.py, whose /metrics is written by prometheus_client with SGLang's names, labels and
+buckets (tests/standin_metrics.py).
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ from __future__ import annotations
 import json
 import sys
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +27,7 @@ from backends.sglang.server_metrics import ServerMetrics, quantile
 from console.actions import Serve, serve_argv
 from console.cli.fleet_commands import launched
 from console.cli.grammar import GRAMMARS, build_parser
-from tests.conftest import CLI, REPO, free_port, launch, wait_for, wait_state
+from tests.conftest import CLI, REPO, free_port, wait_for, wait_state
 from tests.standin_metrics import ITL_S, TTFT_S, StandinMetrics
 
 OUTPUT = Path(__file__).parent / "sglang_output"
@@ -239,37 +239,3 @@ def test_the_standins_exposition_reads_as_sglangs_does() -> None:
     metrics.decoded(running=2, token_usage=0.25, accept_len=3.2, accept_rate=0.55, gen=512.0)
     row = ServerMetrics().row(metrics.exposition().decode())
     assert row[Metric.ACCEPT_LEN] == 3.2 and row[Metric.RUNNING_REQ] == 2 and row[Metric.TTFT_P50] == 0.15
-
-
-# ----- the real server (~45-90 s on 2 cores) -----
-
-
-def test_a_real_sglang_server_with_metrics_on_gives_rows_from_its_metrics_endpoint(
-    cli: CLI, workdir: Path, target: Path, sglang_python: Path
-) -> None:
-    port = free_port()
-    server = [
-        str(sglang_python), "-m", "sglang.launch_server", "--model-path", str(target), "--device", "cpu",
-        "--host", "127.0.0.1", "--port", str(port), "--max-total-tokens", "4096", "--enable-metrics",
-    ]  # fmt: skip
-    run_id = launch(cli, "serve", "--stall-after", "120", "--", *server)
-    try:
-        info = wait_state(cli, run_id, {"ready", "failed", "exited", "stalled"}, timeout=240)
-        log = (workdir / "runs" / run_id / "output.log").read_text(errors="replace")
-        assert info["state"] == "ready", log[-3000:]
-        request = urllib.request.Request(
-            f"http://127.0.0.1:{port}/generate",
-            json.dumps({"text": "Hello", "sampling_params": {"max_new_tokens": 48, "temperature": 0}}).encode(),
-            {"Content-Type": "application/json"},
-        )
-        with urllib.request.urlopen(request, timeout=60) as answer:
-            assert json.loads(answer.read())["meta_info"]["completion_tokens"] == 48
-        # The warmup and this request finished: SGLang's TTFT histogram has them, and a scrape reads it.
-        rows = wait_for(
-            lambda: [r for r in metric_rows(cli, run_id) if Metric.TTFT_P50 in r], timeout=30, what="a /metrics row"
-        )
-        assert rows[0][Metric.TTFT_P50] > 0 and Metric.CACHE_HIT_RATE in rows[0]
-        assert not [e for e in RunDir(workdir / "runs" / run_id).events() if e["type"] == "metrics_error"]
-    finally:
-        killed = cli("kill", run_id, "--grace", "10", timeout=60)
-    assert killed.returncode == 0, killed.stderr

@@ -21,7 +21,7 @@ from pathlib import Path
 from hypothesis import given
 from hypothesis import strategies as st
 
-from backends.protocol import ENV_RUN_ID
+from backends.protocol import ENV_RUN_ID, Metric
 from backends.runs.store import RunDir
 from backends.sglang import log as sglang_log
 from tests.conftest import CLI, free_port, launch, run_info, wait_for, wait_state
@@ -146,15 +146,16 @@ def processes_of(run_id: str) -> dict[int, int]:
     return found
 
 
-def test_a_real_sglang_server_on_cpu_is_ready_by_its_health_is_benched_and_our_kill_ends_all_its_processes(
+def test_a_real_sglang_server_on_cpu_is_ready_by_its_health_gives_metrics_rows_is_benched_and_our_kill_ends_it(
     cli: CLI, workdir: Path, target: Path, sglang_python: Path, tmp_path: Path
 ) -> None:
-    """One real server (starting one is most of a minute of CPU) for our engine's view of it and the bench's
-    request and stream formats against the real 0.5.23 (no speculative decoding on CPU: no acceptance)."""
+    """One real server (starting one is most of a minute of CPU) for our engine's view of it, its /metrics
+    (`--enable-metrics`) read into rows, and the bench's request and stream formats against the real 0.5.23 (no
+    speculative decoding on CPU: no acceptance). Its decode lines as rows are read from the real log above."""
     port = free_port()
     server = [
         str(sglang_python), "-m", "sglang.launch_server", "--model-path", str(target), "--device", "cpu",
-        "--host", "127.0.0.1", "--port", str(port), "--max-total-tokens", "4096",
+        "--host", "127.0.0.1", "--port", str(port), "--max-total-tokens", "4096", "--enable-metrics",
     ]  # fmt: skip
     started = time.monotonic()
     run_id = launch(cli, "serve", "--stall-after", "120", "--", *server)
@@ -186,12 +187,16 @@ def test_a_real_sglang_server_on_cpu_is_ready_by_its_health_is_benched_and_our_k
         )
         with urllib.request.urlopen(request, timeout=60) as answer:
             assert json.loads(answer.read())["meta_info"]["completion_tokens"] == 48
-        # SGLang logs a decode line every 40 decode steps: it becomes a metric row.
+        # The warmup and this request finished: SGLang's TTFT histogram has them, and a scrape of /metrics reads it.
         rows = wait_for(
-            lambda: [json.loads(r) for r in cli("metrics", run_id, "--json").stdout.decode().splitlines()],
-            what="a decode metric row",
+            lambda: [
+                r for r in map(json.loads, cli("metrics", run_id, "--json").stdout.splitlines()) if Metric.TTFT_P50 in r
+            ],
+            timeout=30,
+            what="a /metrics row",
         )
-        assert any("gen_throughput" in json.dumps(row) for row in rows), rows
+        assert rows[0][Metric.TTFT_P50] > 0 and Metric.CACHE_HIT_RATE in rows[0]
+        assert not [e for e in run.events() if e["type"] == "metrics_error"]
         url = f"http://127.0.0.1:{port}"
         for api in ("chat", "completions"):
             out = tmp_path / f"{api}.jsonl"
