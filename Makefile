@@ -28,6 +28,8 @@ SGLANG_REAL_TORCH ?= torch==2.13.0 triton==3.7.1 torchvision==0.28.0
 # pip's cache would hold a second copy of every wheel it downloads (several GB for a CUDA build of
 # torch): CI machines have run out of disk with it.
 export PIP_NO_CACHE_DIR := 1
+# pip compiles every module it installs (torch alone: ~7 s of CPU); Python compiles the few a run imports, once.
+PIP_INSTALL := install -q --no-compile
 # Two cores is what CI has (and the least a developer has).
 JOBS ?= 2
 TEST_WORKERS ?= 2
@@ -35,7 +37,7 @@ TEST_WORKERS ?= 2
 $(VENV)/.installed: pyproject.toml constraints-test.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -c constraints-test.txt -e '.[host,test]'
+	$(PY) -m pip $(PIP_INSTALL) -c constraints-test.txt -e '.[host,test]'
 	touch $@
 
 # The demo target is random (no download); extraction and training run as runs of the run engine.
@@ -64,16 +66,16 @@ typecheck: $(VENV)/.installed
 
 $(SGLANG_PARSER)/.installed: sglang-parser-requirements.txt | $(VENV)/.installed
 	rm -rf $(SGLANG_PARSER)
-	$(PY) -m pip install -q --target $(SGLANG_PARSER) --no-deps sglang==$(SGLANG_PARSER_VERSION)
-	$(PY) -m pip install -q --target $(SGLANG_PARSER) -r sglang-parser-requirements.txt
+	$(PY) -m pip $(PIP_INSTALL) --target $(SGLANG_PARSER) --no-deps sglang==$(SGLANG_PARSER_VERSION)
+	$(PY) -m pip $(PIP_INSTALL) --target $(SGLANG_PARSER) -r sglang-parser-requirements.txt
 	touch $@
 
 $(SGLANG_REAL)/.installed: sglang-real-requirements.txt sglang-real-torchvision.py
 	rm -rf $(SGLANG_REAL)
 	$(PYTHON) -m venv $(SGLANG_REAL)
 	$(SGLANG_REAL)/bin/pip install -q --upgrade pip
-	$(SGLANG_REAL)/bin/pip install -q $(SGLANG_REAL_TORCH)
-	$(SGLANG_REAL)/bin/pip install -q --no-deps -r sglang-real-requirements.txt
+	$(SGLANG_REAL)/bin/pip $(PIP_INSTALL) $(SGLANG_REAL_TORCH)
+	$(SGLANG_REAL)/bin/pip $(PIP_INSTALL) --no-deps -r sglang-real-requirements.txt
 	site=$$($(SGLANG_REAL)/bin/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))') && \
 		cp sglang-real-torchvision.py $$site/_sglang_real_torchvision.py && \
 		echo 'import _sglang_real_torchvision' > $$site/_sglang_real_torchvision.pth
