@@ -1,0 +1,414 @@
+"""The attention of the training-time test (TTT) as one Triton kernel, forward and backward.
+
+The same function as attention.eager_ttt_attention: at TTT step k the query at position t
+attends to the step-0 keys of positions 0..t and to the step-j keys of position t for
+j = 1..k, one softmax over both. Flex computes it over the k+1 steps' keys concatenated
+(a copy of them all at every step, and a mask over a (k+1)T-wide score row); here the
+causal part is flash attention over step 0's keys (blocks above the diagonal are never
+visited) and each earlier step adds one score per query row, read straight from that
+step's own tensor and folded into the same online softmax.
+
+Grouped-query attention is packed (FlashAttention-3's PackGQA): one program takes the
+`groups` query heads that share a key/value head, their rows stacked into one tile, so
+each key and value block is read once for all of them, and the diagonal steps' key and
+value gradients are summed over the group inside the program, without atomics.
+
+Runs on CUDA, or on CPU under Triton's interpreter (TRITON_INTERPRET=1, set before
+triton is imported), which is how the tests check it. Wrapped as torch custom ops, so
+torch.compile keeps the kernel whole in its graph instead of tracing into it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # model.py then falls back to flex
+    triton = tl = None
+
+LOG2E = 1.4426950408889634
+# tl.dot needs at least 16 along each side of a product.
+MIN_HEAD_DIM = 16
+
+
+def _interpreting() -> bool:
+    return triton is not None and bool(triton.knobs.runtime.interpret)
+
+
+def available(device: torch.device | str | None = None) -> bool:
+    """Whether the kernel can run on tensors of `device` (default: CUDA if there is one)."""
+    if triton is None:
+        return False
+    if _interpreting():
+        return True
+    if device is None:
+        return torch.cuda.is_available()
+    return torch.device(device).type == "cuda"
+
+
+@dataclass(frozen=True)
+class Blocks:
+    """Tile sizes of one kernel: `rows` packed query rows (group heads x positions), `keys` per key block."""
+
+    rows: int
+    keys: int
+    warps: int
+    stages: int
+
+
+@dataclass(frozen=True)
+class Config:
+    forward: Blocks
+    key_grads: Blocks  # dK/dV of step 0: `keys` keys per program, `rows` query rows per inner step
+    query_grads: Blocks  # dQ, and dK/dV of the diagonal steps
+
+
+# Chosen on an H200 (benchmarks/ttt_kernel_check.py sweeps them). Wider heads take smaller tiles: the
+# backward holds dK and dV (or dQ) in fp32 registers beside the tiles it multiplies.
+CONFIGS: dict[int, Config] = {
+    64: Config(Blocks(128, 64, 4, 3), Blocks(32, 128, 4, 3), Blocks(128, 32, 4, 3)),
+    128: Config(Blocks(128, 64, 8, 3), Blocks(32, 128, 8, 3), Blocks(128, 32, 8, 2)),
+    256: Config(Blocks(64, 32, 8, 2), Blocks(16, 64, 8, 2), Blocks(64, 16, 8, 2)),
+}
+# Small tiles under the interpreter: the tests' short sequences then span several blocks and a ragged tail.
+INTERPRETER_CONFIG = Config(Blocks(32, 16, 1, 1), Blocks(16, 16, 1, 1), Blocks(32, 16, 1, 1))
+
+
+def _config(head_dim: int) -> Config:
+    if _interpreting():
+        return INTERPRETER_CONFIG
+    return CONFIGS[min(256, max(64, triton.next_power_of_2(head_dim)))]
+
+
+def _tile(rows: int, groups: int) -> tuple[int, int]:
+    """(group heads, positions) of a packed tile of about `rows` rows: a power of two each."""
+    block_g = triton.next_power_of_2(groups)
+    return block_g, max(rows // block_g, max(1, 16 // block_g))
+
+
+def _jit(kernel: Callable[..., None]) -> Any:
+    """triton.jit, or the function as it is where Triton is missing (it is then never launched).
+    Triton decides here whether to compile or interpret: TRITON_INTERPRET must be set before import."""
+    return kernel if triton is None else triton.jit(kernel)
+
+
+@_jit
+def _forward_kernel(
+    Q: Any, K0: Any, V0: Any, KD: Any, VD: Any, Out: Any, Lse: Any,
+    sq_b: Any, sq_h: Any, sq_t: Any, sk_b: Any, sk_h: Any, sk_t: Any, sl_b: Any, sl_h: Any,
+    T: Any, KV_HEADS: Any, qk_scale: Any,
+    HEAD_DIM: tl.constexpr, G: tl.constexpr, STEPS: tl.constexpr,
+    BLOCK_G: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+) -> None:  # fmt: skip
+    t0 = tl.program_id(0) * BLOCK_T
+    b = tl.program_id(1) // KV_HEADS
+    kvh = tl.program_id(1) % KV_HEADS
+    # Row r of a packed tile is query head kvh * G + r // BLOCK_T at position t0 + r % BLOCK_T.
+    r = tl.arange(0, BLOCK_G * BLOCK_T)
+    head, t = kvh * G + r // BLOCK_T, t0 + r % BLOCK_T
+    row_ok = (r // BLOCK_T < G) & (t < T)
+    d = tl.arange(0, BLOCK_D)
+    d_ok = d < HEAD_DIM
+    q_at = b * sq_b + head[:, None] * sq_h + t[:, None] * sq_t + d[None, :]
+    q = tl.load(Q + q_at, mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+    kv = b * sk_b + kvh * sk_h
+    n = tl.arange(0, BLOCK_N)
+    m_i = tl.full([BLOCK_G * BLOCK_T], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_G * BLOCK_T], tl.float32)
+    acc = tl.zeros([BLOCK_G * BLOCK_T, BLOCK_D], tl.float32)
+    # Key blocks wholly below the tile's first position need no mask; the rest up to its last
+    # position do; none past it is visited (causal block skipping).
+    unmasked_end = (t0 // BLOCK_N) * BLOCK_N
+    end = tl.minimum(t0 + BLOCK_T, T)
+    for start in range(0, end, BLOCK_N):
+        keys = start + n
+        k_ok = keys < T
+        kt = tl.load(K0 + kv + keys[None, :] * sk_t + d[:, None], mask=k_ok[None, :] & d_ok[:, None], other=0.0)
+        s = tl.dot(q, kt) * qk_scale
+        if start >= unmasked_end:
+            s = tl.where(keys[None, :] <= t[:, None], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(V0 + kv + keys[:, None] * sk_t + d[None, :], mask=k_ok[:, None] & d_ok[None, :], other=0.0)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        m_i = m_new
+    # Each earlier TTT step: the key and value of the row's own position, one more score in the softmax.
+    own = kv + t[:, None] * sk_t + d[None, :]
+    own_ok = row_ok[:, None] & d_ok[None, :]
+    qf = q.to(tl.float32)
+    for j in tl.static_range(STEPS):
+        kj = tl.load(KD[j] + own, mask=own_ok, other=0.0).to(tl.float32)
+        sj = tl.sum(qf * kj, 1) * qk_scale
+        m_new = tl.maximum(m_i, sj)
+        alpha = tl.exp2(m_i - m_new)
+        pj = tl.exp2(sj - m_new)
+        l_i = l_i * alpha + pj
+        vj = tl.load(VD[j] + own, mask=own_ok, other=0.0).to(tl.float32)
+        acc = acc * alpha[:, None] + pj[:, None] * vj
+        m_i = m_new
+    out = acc / l_i[:, None]
+    tl.store(Out + q_at, out.to(Out.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
+    # log2 of the softmax's denominator, in the scaled-by-log2(e) units the backward recomputes in.
+    tl.store(Lse + b * sl_b + head * sl_h + t, m_i + tl.log2(l_i), mask=row_ok)
+
+
+@_jit
+def _key_grads_kernel(
+    Q: Any, K0: Any, V0: Any, dO: Any, Lse: Any, Delta: Any, dK0: Any, dV0: Any,
+    sq_b: Any, sq_h: Any, sq_t: Any, sk_b: Any, sk_h: Any, sk_t: Any, sl_b: Any, sl_h: Any,
+    T: Any, KV_HEADS: Any, qk_scale: Any, sm_scale: Any,
+    HEAD_DIM: tl.constexpr, G: tl.constexpr,
+    BLOCK_G: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+) -> None:  # fmt: skip
+    """dK, dV of step 0's keys: one key block per program, over the query tiles at or after it."""
+    n0 = tl.program_id(0) * BLOCK_N
+    b = tl.program_id(1) // KV_HEADS
+    kvh = tl.program_id(1) % KV_HEADS
+    d = tl.arange(0, BLOCK_D)
+    d_ok = d < HEAD_DIM
+    keys = n0 + tl.arange(0, BLOCK_N)
+    k_at = b * sk_b + kvh * sk_h + keys[:, None] * sk_t + d[None, :]
+    k_ok = (keys < T)[:, None] & d_ok[None, :]
+    k = tl.load(K0 + k_at, mask=k_ok, other=0.0)
+    v = tl.load(V0 + k_at, mask=k_ok, other=0.0)
+    dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
+    dv = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
+    # Query tiles that straddle the block's diagonal take the causal mask; those after it see every key.
+    first = (n0 // BLOCK_T) * BLOCK_T
+    masked_end = n0 + BLOCK_N
+    for t0 in range(first, T, BLOCK_T):
+        r = tl.arange(0, BLOCK_G * BLOCK_T)
+        head, t = kvh * G + r // BLOCK_T, t0 + r % BLOCK_T
+        row_ok = (r // BLOCK_T < G) & (t < T)
+        q_at = b * sq_b + head[:, None] * sq_h + t[:, None] * sq_t + d[None, :]
+        q_ok = row_ok[:, None] & d_ok[None, :]
+        q = tl.load(Q + q_at, mask=q_ok, other=0.0)
+        do = tl.load(dO + q_at, mask=q_ok, other=0.0)
+        at = b * sl_b + head * sl_h + t
+        lse = tl.load(Lse + at, mask=row_ok, other=0.0)
+        delta = tl.load(Delta + at, mask=row_ok, other=0.0)
+        p = tl.exp2(tl.dot(q, tl.trans(k)) * qk_scale - lse[:, None])
+        if t0 < masked_end:
+            p = tl.where(keys[None, :] <= t[:, None], p, 0.0)
+        dv += tl.dot(tl.trans(p.to(do.dtype)), do)
+        ds = p * (tl.dot(do, tl.trans(v)) - delta[:, None])
+        dk += tl.dot(tl.trans(ds.to(q.dtype)), q)
+    tl.store(dK0 + k_at, (dk * sm_scale).to(dK0.dtype.element_ty), mask=k_ok)
+    tl.store(dV0 + k_at, dv.to(dV0.dtype.element_ty), mask=k_ok)
+
+
+@_jit
+def _query_grads_kernel(
+    Q: Any, K0: Any, V0: Any, KD: Any, VD: Any, dO: Any, Lse: Any, Delta: Any, dQ: Any, dKD: Any, dVD: Any,
+    sq_b: Any, sq_h: Any, sq_t: Any, sk_b: Any, sk_h: Any, sk_t: Any, sl_b: Any, sl_h: Any,
+    T: Any, KV_HEADS: Any, qk_scale: Any, sm_scale: Any,
+    HEAD_DIM: tl.constexpr, G: tl.constexpr, STEPS: tl.constexpr,
+    BLOCK_G: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+) -> None:  # fmt: skip
+    """dQ over step 0's keys up to the diagonal, and the diagonal steps' terms: their share of dQ
+    and, summed over the group's heads, their dK and dV (rows of the tile's positions only)."""
+    t0 = tl.program_id(0) * BLOCK_T
+    b = tl.program_id(1) // KV_HEADS
+    kvh = tl.program_id(1) % KV_HEADS
+    # Row r of a packed tile is query head kvh * G + r // BLOCK_T at position t0 + r % BLOCK_T.
+    r = tl.arange(0, BLOCK_G * BLOCK_T)
+    head, t = kvh * G + r // BLOCK_T, t0 + r % BLOCK_T
+    row_ok = (r // BLOCK_T < G) & (t < T)
+    d = tl.arange(0, BLOCK_D)
+    d_ok = d < HEAD_DIM
+    q_at = b * sq_b + head[:, None] * sq_h + t[:, None] * sq_t + d[None, :]
+    q_ok = row_ok[:, None] & d_ok[None, :]
+    q = tl.load(Q + q_at, mask=q_ok, other=0.0)
+    do = tl.load(dO + q_at, mask=q_ok, other=0.0)
+    at = b * sl_b + head * sl_h + t
+    lse = tl.load(Lse + at, mask=row_ok, other=0.0)
+    delta = tl.load(Delta + at, mask=row_ok, other=0.0)
+    kv = b * sk_b + kvh * sk_h
+    n = tl.arange(0, BLOCK_N)
+    dq = tl.zeros([BLOCK_G * BLOCK_T, BLOCK_D], tl.float32)
+    unmasked_end = (t0 // BLOCK_N) * BLOCK_N
+    end = tl.minimum(t0 + BLOCK_T, T)
+    for start in range(0, end, BLOCK_N):
+        keys = start + n
+        k_ok = (keys < T)[:, None] & d_ok[None, :]
+        k = tl.load(K0 + kv + keys[:, None] * sk_t + d[None, :], mask=k_ok, other=0.0)
+        v = tl.load(V0 + kv + keys[:, None] * sk_t + d[None, :], mask=k_ok, other=0.0)
+        p = tl.exp2(tl.dot(q, tl.trans(k)) * qk_scale - lse[:, None])
+        if start >= unmasked_end:
+            p = tl.where(keys[None, :] <= t[:, None], p, 0.0)
+        ds = p * (tl.dot(do, tl.trans(v)) - delta[:, None])
+        dq += tl.dot(ds.to(k.dtype), k)
+    own = kv + t[:, None] * sk_t + d[None, :]
+    qf = q.to(tl.float32)
+    dof = do.to(tl.float32)
+    positions = t0 + tl.arange(0, BLOCK_T)
+    own_rows = kv + positions[:, None] * sk_t + d[None, :]
+    own_rows_ok = (positions < T)[:, None] & d_ok[None, :]
+    for j in tl.static_range(STEPS):
+        kj = tl.load(KD[j] + own, mask=q_ok, other=0.0).to(tl.float32)
+        vj = tl.load(VD[j] + own, mask=q_ok, other=0.0).to(tl.float32)
+        pj = tl.exp2(tl.sum(qf * kj, 1) * qk_scale - lse)
+        dsj = pj * (tl.sum(dof * vj, 1) - delta)
+        dq += dsj[:, None] * kj
+        # Rows of padding heads (g >= G) hold zeros in q and dO, so they add nothing to the sums.
+        dkj = tl.sum(tl.reshape(dsj[:, None] * qf, (BLOCK_G, BLOCK_T, BLOCK_D)), 0) * sm_scale
+        dvj = tl.sum(tl.reshape(pj[:, None] * dof, (BLOCK_G, BLOCK_T, BLOCK_D)), 0)
+        tl.store(dKD[j] + own_rows, dkj.to(dKD[j].dtype.element_ty), mask=own_rows_ok)
+        tl.store(dVD[j] + own_rows, dvj.to(dVD[j].dtype.element_ty), mask=own_rows_ok)
+    tl.store(dQ + q_at, (dq * sm_scale).to(dQ.dtype.element_ty), mask=q_ok)
+
+
+def _check(q: torch.Tensor, keys: list[torch.Tensor], values: list[torch.Tensor]) -> None:
+    tensors = [*keys, *values]
+    if any(x.shape != keys[0].shape or x.stride() != keys[0].stride() for x in tensors):
+        raise ValueError("every step's keys and values must share one shape and one layout")
+    if q.stride(-1) != 1 or keys[0].stride(-1) != 1:
+        raise ValueError("q, keys and values must be contiguous along head_dim")
+    if q.shape[1] % keys[0].shape[1] or q.shape[-1] < MIN_HEAD_DIM:
+        raise ValueError(f"heads {q.shape[1]} / kv heads {keys[0].shape[1]}, head_dim {q.shape[-1]} not supported")
+
+
+def _dense(x: torch.Tensor) -> torch.Tensor:
+    return x if x.stride(-1) == 1 else x.contiguous()
+
+
+def _strides(q: torch.Tensor, k: torch.Tensor, lse: torch.Tensor) -> tuple[int, ...]:
+    return (q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2), lse.stride(0), lse.stride(1))
+
+
+def _forward(
+    q: torch.Tensor, keys: list[torch.Tensor], values: list[torch.Tensor]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    _check(q, keys, values)
+    batch, heads, seq, dim = q.shape
+    kv_heads = keys[0].shape[1]
+    groups = heads // kv_heads
+    out = torch.empty_like(q)
+    lse = torch.empty(batch, heads, seq, dtype=torch.float32, device=q.device)
+    blocks = _config(dim).forward
+    block_g, block_t = _tile(blocks.rows, groups)
+    grid = (triton.cdiv(seq, block_t), batch * kv_heads)
+    _forward_kernel[grid](
+        q, keys[0], values[0], tuple(keys[1:]), tuple(values[1:]), out, lse,
+        *_strides(q, keys[0], lse), seq, kv_heads, dim**-0.5 * LOG2E,
+        HEAD_DIM=dim, G=groups, STEPS=len(keys) - 1, BLOCK_G=block_g, BLOCK_T=block_t,
+        BLOCK_N=blocks.keys, BLOCK_D=triton.next_power_of_2(dim), num_warps=blocks.warps, num_stages=blocks.stages,
+    )  # fmt: skip
+    return out, lse
+
+
+def _backward(
+    grad: torch.Tensor,
+    q: torch.Tensor,
+    keys: list[torch.Tensor],
+    values: list[torch.Tensor],
+    out: torch.Tensor,
+    lse: torch.Tensor,
+) -> list[torch.Tensor]:
+    batch, heads, seq, dim = q.shape
+    kv_heads = keys[0].shape[1]
+    groups = heads // kv_heads
+    grad = _dense(grad)
+    if grad.stride() != q.stride():  # the kernels index dO with q's strides
+        grad = torch.empty_like(q).copy_(grad)
+    # D_i = dO_i . O_i: the softmax's backward term per row (FlashAttention-2's preprocessing).
+    delta = (grad.float() * out.float()).sum(-1)
+    dq = torch.empty_like(q)
+    dkeys = [torch.empty_like(k) for k in keys]
+    dvalues = [torch.empty_like(v) for v in values]
+    config = _config(dim)
+    scales = (dim**-0.5 * LOG2E, dim**-0.5)
+    block_d = triton.next_power_of_2(dim)
+    kb = config.key_grads
+    block_g, block_t = _tile(kb.rows, groups)
+    _key_grads_kernel[(triton.cdiv(seq, kb.keys), batch * kv_heads)](
+        q, keys[0], values[0], grad, lse, delta, dkeys[0], dvalues[0],
+        *_strides(q, keys[0], lse), seq, kv_heads, *scales,
+        HEAD_DIM=dim, G=groups, BLOCK_G=block_g, BLOCK_T=block_t, BLOCK_N=kb.keys, BLOCK_D=block_d,
+        num_warps=kb.warps, num_stages=kb.stages,
+    )  # fmt: skip
+    qb = config.query_grads
+    block_g, block_t = _tile(qb.rows, groups)
+    _query_grads_kernel[(triton.cdiv(seq, block_t), batch * kv_heads)](
+        q, keys[0], values[0], tuple(keys[1:]), tuple(values[1:]), grad, lse, delta, dq,
+        tuple(dkeys[1:]), tuple(dvalues[1:]),
+        *_strides(q, keys[0], lse), seq, kv_heads, *scales,
+        HEAD_DIM=dim, G=groups, STEPS=len(keys) - 1, BLOCK_G=block_g, BLOCK_T=block_t, BLOCK_N=qb.keys,
+        BLOCK_D=block_d, num_warps=qb.warps, num_stages=qb.stages,
+    )  # fmt: skip
+    return [dq, *dkeys, *dvalues]
+
+
+# Custom ops: torch.compile sees one opaque node with a known output shape (and so never guards on the
+# kernel's internals); the backward is an op of its own for the same reason.
+@torch.library.custom_op("eagle3::ttt_attention_forward", mutates_args=())
+def _forward_op(
+    q: torch.Tensor, keys: list[torch.Tensor], values: list[torch.Tensor]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    return _forward(q, keys, values)
+
+
+@_forward_op.register_fake
+def _(q: torch.Tensor, keys: list[torch.Tensor], values: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.empty_like(q), q.new_empty(q.shape[:3], dtype=torch.float32)
+
+
+@torch.library.custom_op("eagle3::ttt_attention_backward", mutates_args=())
+def _backward_op(
+    grad: torch.Tensor,
+    q: torch.Tensor,
+    keys: list[torch.Tensor],
+    values: list[torch.Tensor],
+    out: torch.Tensor,
+    lse: torch.Tensor,
+) -> list[torch.Tensor]:
+    return _backward(grad, q, keys, values, out, lse)
+
+
+@_backward_op.register_fake
+def _(
+    grad: torch.Tensor,
+    q: torch.Tensor,
+    keys: list[torch.Tensor],
+    values: list[torch.Tensor],
+    out: torch.Tensor,
+    lse: torch.Tensor,
+) -> list[torch.Tensor]:
+    return [torch.empty_like(q), *(torch.empty_like(k) for k in keys), *(torch.empty_like(v) for v in values)]
+
+
+def _setup_context(ctx: Any, inputs: tuple[Any, ...], output: tuple[torch.Tensor, torch.Tensor]) -> None:
+    q, keys, values = inputs
+    ctx.steps = len(keys)
+    ctx.save_for_backward(q, *keys, *values, *output)
+
+
+def _backward_rule(ctx: Any, grad: torch.Tensor, _grad_lse: torch.Tensor | None) -> tuple[Any, ...]:
+    q, *rest = ctx.saved_tensors
+    steps = ctx.steps
+    keys, values, (out, lse) = rest[:steps], rest[steps : 2 * steps], rest[2 * steps :]
+    grads = _backward_op(grad, q, keys, values, out, lse)
+    return grads[0], grads[1 : 1 + steps], grads[1 + steps :]
+
+
+_forward_op.register_autograd(_backward_rule, setup_context=_setup_context)
+
+
+def ttt_attention(q: torch.Tensor, keys: list[torch.Tensor], values: list[torch.Tensor]) -> torch.Tensor:
+    """eager_ttt_attention's result through the kernel: q [B, heads, T, d]; keys/values one
+    [B, kv_heads, T, d] per step so far (the current one last), all of one layout, d contiguous."""
+    if triton is None:
+        raise RuntimeError("the TTT attention kernel needs Triton (pip install triton)")
+    keys, values = list(keys), list(values)
+    if any(x.stride() != keys[0].stride() or x.stride(-1) != 1 for x in [*keys, *values]):
+        keys, values = [k.contiguous() for k in keys], [v.contiguous() for v in values]
+    out: torch.Tensor = _forward_op(_dense(q), keys, values)[0]
+    return out
