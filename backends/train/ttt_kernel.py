@@ -73,7 +73,7 @@ class Config:
 # backward holds dK and dV (or dQ) in fp32 registers beside the tiles it multiplies.
 CONFIGS: dict[int, Config] = {
     64: Config(Blocks(128, 64, 4, 3), Blocks(32, 128, 4, 3), Blocks(128, 32, 4, 3)),
-    128: Config(Blocks(128, 64, 8, 3), Blocks(32, 128, 8, 3), Blocks(128, 32, 8, 2)),
+    128: Config(Blocks(64, 64, 4, 3), Blocks(64, 64, 4, 2), Blocks(64, 64, 4, 2)),
     256: Config(Blocks(64, 32, 8, 2), Blocks(16, 64, 8, 2), Blocks(64, 16, 8, 2)),
 }
 # Small tiles under the interpreter: the tests' short sequences then span several blocks and a ragged tail.
@@ -94,18 +94,19 @@ def _tile(rows: int, groups: int) -> tuple[int, int]:
 
 def _jit(kernel: Callable[..., None]) -> Any:
     """triton.jit, or the function as it is where Triton is missing (it is then never launched).
-    Triton decides here whether to compile or interpret: TRITON_INTERPRET must be set before import."""
+    Triton decides here whether to compile or interpret: TRITON_INTERPRET must be set before import.
+    The kernels' arguments go unannotated: Triton reads annotations (tl.constexpr) and no other."""
     return kernel if triton is None else triton.jit(kernel)
 
 
 @_jit
-def _forward_kernel(
-    Q: Any, K0: Any, V0: Any, KD: Any, VD: Any, Out: Any, Lse: Any,
-    sq_b: Any, sq_h: Any, sq_t: Any, sk_b: Any, sk_h: Any, sk_t: Any, sl_b: Any, sl_h: Any,
-    T: Any, KV_HEADS: Any, qk_scale: Any,
+def _forward_kernel(  # type: ignore[no-untyped-def]
+    Q, K0, V0, KD, VD, Out, Lse,
+    sq_b, sq_h, sq_t, sk_b, sk_h, sk_t, sl_b, sl_h,
+    T, KV_HEADS, qk_scale,
     HEAD_DIM: tl.constexpr, G: tl.constexpr, STEPS: tl.constexpr,
     BLOCK_G: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-) -> None:  # fmt: skip
+):  # fmt: skip
     t0 = tl.program_id(0) * BLOCK_T
     b = tl.program_id(1) // KV_HEADS
     kvh = tl.program_id(1) % KV_HEADS
@@ -161,14 +162,15 @@ def _forward_kernel(
 
 
 @_jit
-def _key_grads_kernel(
-    Q: Any, K0: Any, V0: Any, dO: Any, Lse: Any, Delta: Any, dK0: Any, dV0: Any,
-    sq_b: Any, sq_h: Any, sq_t: Any, sk_b: Any, sk_h: Any, sk_t: Any, sl_b: Any, sl_h: Any,
-    T: Any, KV_HEADS: Any, qk_scale: Any, sm_scale: Any,
+def _key_grads_kernel(  # type: ignore[no-untyped-def]
+    Q, K0, V0, dO, Lse, Delta, dK0, dV0,
+    sq_b, sq_h, sq_t, sk_b, sk_h, sk_t, sl_b, sl_h,
+    T, KV_HEADS, qk_scale, sm_scale,
     HEAD_DIM: tl.constexpr, G: tl.constexpr,
     BLOCK_G: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-) -> None:  # fmt: skip
-    """dK, dV of step 0's keys: one key block per program, over the query tiles at or after it."""
+):  # fmt: skip
+    """dK, dV of step 0's keys: one key block per program, over the query tiles at or after it (after
+    _query_grads_kernel, which writes Delta)."""
     n0 = tl.program_id(0) * BLOCK_N
     b = tl.program_id(1) // KV_HEADS
     kvh = tl.program_id(1) % KV_HEADS
@@ -206,13 +208,13 @@ def _key_grads_kernel(
 
 
 @_jit
-def _query_grads_kernel(
-    Q: Any, K0: Any, V0: Any, KD: Any, VD: Any, dO: Any, Lse: Any, Delta: Any, dQ: Any, dKD: Any, dVD: Any,
-    sq_b: Any, sq_h: Any, sq_t: Any, sk_b: Any, sk_h: Any, sk_t: Any, sl_b: Any, sl_h: Any,
-    T: Any, KV_HEADS: Any, qk_scale: Any, sm_scale: Any,
+def _query_grads_kernel(  # type: ignore[no-untyped-def]
+    Q, K0, V0, KD, VD, Out, dO, Lse, Delta, dQ, dKD, dVD,
+    sq_b, sq_h, sq_t, sk_b, sk_h, sk_t, sl_b, sl_h,
+    T, KV_HEADS, qk_scale, sm_scale,
     HEAD_DIM: tl.constexpr, G: tl.constexpr, STEPS: tl.constexpr,
     BLOCK_G: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-) -> None:  # fmt: skip
+):  # fmt: skip
     """dQ over step 0's keys up to the diagonal, and the diagonal steps' terms: their share of dQ
     and, summed over the group's heads, their dK and dV (rows of the tile's positions only)."""
     t0 = tl.program_id(0) * BLOCK_T
@@ -230,7 +232,11 @@ def _query_grads_kernel(
     do = tl.load(dO + q_at, mask=q_ok, other=0.0)
     at = b * sl_b + head * sl_h + t
     lse = tl.load(Lse + at, mask=row_ok, other=0.0)
-    delta = tl.load(Delta + at, mask=row_ok, other=0.0)
+    # D_i = dO_i . O_i, the softmax's backward term of each row (FlashAttention-2's preprocessing), computed
+    # here and stored for the key-gradient kernel, which runs after this one.
+    o = tl.load(Out + q_at, mask=q_ok, other=0.0)
+    delta = tl.sum(do.to(tl.float32) * o.to(tl.float32), 1)
+    tl.store(Delta + at, delta, mask=row_ok)
     kv = b * sk_b + kvh * sk_h
     n = tl.arange(0, BLOCK_N)
     dq = tl.zeros([BLOCK_G * BLOCK_T, BLOCK_D], tl.float32)
@@ -317,16 +323,27 @@ def _backward(
     kv_heads = keys[0].shape[1]
     groups = heads // kv_heads
     grad = _dense(grad)
-    if grad.stride() != q.stride():  # the kernels index dO with q's strides
+    # The kernels index dO and O with q's strides.
+    if grad.stride() != q.stride():
         grad = torch.empty_like(q).copy_(grad)
-    # D_i = dO_i . O_i: the softmax's backward term per row (FlashAttention-2's preprocessing).
-    delta = (grad.float() * out.float()).sum(-1)
+    if out.stride() != q.stride():
+        out = torch.empty_like(q).copy_(out)
+    delta = torch.empty_like(lse)
     dq = torch.empty_like(q)
     dkeys = [torch.empty_like(k) for k in keys]
     dvalues = [torch.empty_like(v) for v in values]
     config = _config(dim)
     scales = (dim**-0.5 * LOG2E, dim**-0.5)
     block_d = triton.next_power_of_2(dim)
+    qb = config.query_grads
+    block_g, block_t = _tile(qb.rows, groups)
+    _query_grads_kernel[(triton.cdiv(seq, block_t), batch * kv_heads)](
+        q, keys[0], values[0], tuple(keys[1:]), tuple(values[1:]), out, grad, lse, delta, dq,
+        tuple(dkeys[1:]), tuple(dvalues[1:]),
+        *_strides(q, keys[0], lse), seq, kv_heads, *scales,
+        HEAD_DIM=dim, G=groups, STEPS=len(keys) - 1, BLOCK_G=block_g, BLOCK_T=block_t, BLOCK_N=qb.keys,
+        BLOCK_D=block_d, num_warps=qb.warps, num_stages=qb.stages,
+    )  # fmt: skip
     kb = config.key_grads
     block_g, block_t = _tile(kb.rows, groups)
     _key_grads_kernel[(triton.cdiv(seq, kb.keys), batch * kv_heads)](
@@ -334,15 +351,6 @@ def _backward(
         *_strides(q, keys[0], lse), seq, kv_heads, *scales,
         HEAD_DIM=dim, G=groups, BLOCK_G=block_g, BLOCK_T=block_t, BLOCK_N=kb.keys, BLOCK_D=block_d,
         num_warps=kb.warps, num_stages=kb.stages,
-    )  # fmt: skip
-    qb = config.query_grads
-    block_g, block_t = _tile(qb.rows, groups)
-    _query_grads_kernel[(triton.cdiv(seq, block_t), batch * kv_heads)](
-        q, keys[0], values[0], tuple(keys[1:]), tuple(values[1:]), grad, lse, delta, dq,
-        tuple(dkeys[1:]), tuple(dvalues[1:]),
-        *_strides(q, keys[0], lse), seq, kv_heads, *scales,
-        HEAD_DIM=dim, G=groups, STEPS=len(keys) - 1, BLOCK_G=block_g, BLOCK_T=block_t, BLOCK_N=qb.keys,
-        BLOCK_D=block_d, num_warps=qb.warps, num_stages=qb.stages,
     )  # fmt: skip
     return [dq, *dkeys, *dvalues]
 

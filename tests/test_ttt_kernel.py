@@ -1,0 +1,136 @@
+"""The TTT attention kernel (backends/train/ttt_kernel.py) against the eager formula, on CPU.
+
+Triton's interpreter runs the kernel on CPU tensors, but only if TRITON_INTERPRET=1 is set before
+triton is imported, and any test of this worker may have imported it already (torch does, for one).
+So the kernel runs in a process of its own, started once for the module: it reads one case a line
+(JSON) on stdin and answers the relative errors of the output and of every gradient. Hypothesis
+draws the cases here, over the shapes the trainer gives the kernel: lengths on and off the
+interpreter's block sizes, TTT steps 0..6, GQA groups 1 and 4 (and an odd 3), batch 1 and 2.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+ROOT = Path(__file__).resolve().parent.parent
+GOAL = 1e-2
+
+
+class Worker:
+    """The process that runs the kernel under the interpreter."""
+
+    def __init__(self) -> None:
+        env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
+        self.proc = subprocess.Popen(
+            [sys.executable, __file__],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env=env,
+            cwd=ROOT,
+        )
+
+    def errors(self, case: dict[str, int]) -> dict[str, Any]:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write(json.dumps(case) + "\n")
+        self.proc.stdin.flush()
+        line = self.proc.stdout.readline()
+        assert line, f"the kernel's worker died on {case} (its error is above)"
+        answer: dict[str, Any] = json.loads(line)
+        return answer
+
+    def close(self) -> None:
+        if self.proc.stdin is not None:
+            self.proc.stdin.close()
+        self.proc.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def worker() -> Iterator[Worker]:
+    w = Worker()
+    yield w
+    w.close()
+
+
+def check(worker: Worker, **case: int) -> None:
+    answer = worker.errors(case)
+    worst = max(answer["errors"].values())
+    assert worst <= GOAL, f"{case}: relative errors {answer['errors']}"
+    assert answer["interpreted"], "the kernel did not run under Triton's interpreter"
+
+
+@pytest.mark.parametrize(
+    ("batch", "kv_heads", "groups", "seq", "steps", "head_dim"),
+    [
+        (1, 2, 1, 32, 1, 16),  # step 0 alone, one block exactly
+        (2, 1, 4, 50, 7, 16),  # every earlier step, GQA 4, a ragged tail
+        (1, 2, 3, 33, 3, 32),  # an odd group count (packed tiles pad it to 4)
+        (2, 2, 1, 17, 2, 64),  # head_dim 64, one position past a block
+    ],
+)
+def test_kernel_matches_eager_attention(
+    worker: Worker, batch: int, kv_heads: int, groups: int, seq: int, steps: int, head_dim: int
+) -> None:
+    check(worker, batch=batch, kv_heads=kv_heads, groups=groups, seq=seq, steps=steps, head_dim=head_dim, seed=0)
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    batch=st.sampled_from([1, 2]),
+    groups=st.sampled_from([1, 4]),
+    seq=st.integers(1, 70),
+    steps=st.integers(1, 7),
+    seed=st.integers(0, 2**31 - 1),
+)
+def test_kernel_matches_eager_on_the_trainers_shapes(
+    worker: Worker, batch: int, groups: int, seq: int, steps: int, seed: int
+) -> None:
+    check(worker, batch=batch, kv_heads=2, groups=groups, seq=seq, steps=steps, head_dim=16, seed=seed)
+
+
+def _serve() -> None:
+    """The worker's side: one case a line in, its errors a line out."""
+    import torch
+
+    from backends.train import ttt_kernel
+    from backends.train.attention import eager_ttt_attention
+
+    torch.set_num_threads(1)
+    for line in sys.stdin:
+        case = json.loads(line)
+        gen = torch.Generator().manual_seed(case["seed"])
+        batch, kv_heads, seq, dim = case["batch"], case["kv_heads"], case["seq"], case["head_dim"]
+
+        # The trainer's layout: [B, T, heads, d] seen as [B, heads, T, d] (model._over_batch).
+        shape = (batch, seq, kv_heads * case["groups"], dim)
+        q = torch.randn(shape, generator=gen).transpose(1, 2).requires_grad_()
+        shape = (batch, seq, kv_heads, dim)
+        keys = [torch.randn(shape, generator=gen).transpose(1, 2).requires_grad_() for _ in range(case["steps"])]
+        values = [torch.randn(shape, generator=gen).transpose(1, 2).requires_grad_() for _ in range(case["steps"])]
+        leaves = [q, *keys, *values]
+        grad = torch.randn(q.shape, generator=gen)
+        names = ["out", "dq", *(f"dk{j}" for j in range(len(keys))), *(f"dv{j}" for j in range(len(values)))]
+        results = []
+        for attention in (ttt_kernel.ttt_attention, eager_ttt_attention):
+            out = attention(q, keys, values)
+            results.append([out.detach(), *torch.autograd.grad(out, leaves, grad)])
+        got, ref = results
+        # Relative to the reference, or to 1e-3 where it is about zero: one position and one step have a
+        # softmax of one entry, whose gradients are zero up to rounding.
+        errors = {n: float((a - b).norm() / b.norm().clamp_min(1e-3)) for n, a, b in zip(names, got, ref, strict=True)}
+        errors = {n: (e if e == e else float("inf")) for n, e in errors.items()}  # NaN fails
+        print(json.dumps({"errors": errors, "interpreted": ttt_kernel.available("cpu")}), flush=True)
+
+
+if __name__ == "__main__":
+    _serve()
