@@ -283,7 +283,7 @@ def add_shape_arguments(parser: argparse.ArgumentParser, batches: str, steps: in
 def main() -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.train_throughput", description=__doc__)
     add_shape_arguments(parser, batches="8 (tiny: 2)", steps=8, warmup=3)
-    parser.add_argument("--attention", default="auto", choices=("auto", "eager", "flex"))
+    parser.add_argument("--attention", default="auto", choices=("auto", "eager", "flex", "triton"))
     parser.add_argument("--variants", default="plain,compiled", help="comma list of plain (no torch.compile), compiled")
     parser.add_argument(
         "--bf16-params", action="store_true", help="the draft's parameters in bf16 (timing only: no fp32 master copy)"

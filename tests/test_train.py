@@ -504,16 +504,25 @@ def test_rope_matches_transformers(scaling: dict[str, Any] | None) -> None:
     torch.testing.assert_close(sin, sin_ref[0])
 
 
-def test_attention_choice_falls_back_to_eager_where_flex_cannot_run() -> None:
+def test_attention_choice_falls_back_to_flex_without_triton_and_to_eager_where_neither_runs(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from backends.train import ttt_kernel
     from backends.train.errors import TrainError
     from backends.train.trainer import resolve_attention
 
     gpu, cpu = torch.device("cuda", 0), torch.device("cpu")
-    assert resolve_attention("auto", gpu, 128) == "flex"
-    assert resolve_attention("auto", gpu, 8) == "eager"  # the flex kernel needs head_dim >= 16
+    assert resolve_attention("auto", gpu, 128) == "triton"  # the test extra installs Triton
+    assert resolve_attention("auto", gpu, 8) == "eager"  # tl.dot (flex's kernel and ours) needs head_dim >= 16
     assert resolve_attention("auto", cpu, 128) == "eager"
     with pytest.raises(TrainError, match="head_dim >= 16"):
         resolve_attention("flex", gpu, 8)
+    with pytest.raises(TrainError, match="needs a GPU"):
+        resolve_attention("triton", cpu, 128)
+    monkeypatch.setattr(ttt_kernel, "triton", None)
+    assert resolve_attention("auto", gpu, 128) == "flex"
+    with pytest.raises(TrainError, match="needs Triton"):
+        resolve_attention("triton", gpu, 128)
 
 
 def counted_compilations(monkeypatch: pytest.MonkeyPatch) -> list[int]:

@@ -67,7 +67,12 @@ def add_arguments(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
         help="torch.compile the draft's layers (default: on GPU)",
     )
     p.add_argument("--pad-multiple", type=int, help="pad batch lengths to a multiple of this (default: GPU 128)")
-    p.add_argument("--attention", choices=("auto", "eager", "flex"), default="auto", help="auto: flex on GPU")
+    p.add_argument(
+        "--attention",
+        choices=("auto", "eager", "flex", "triton"),
+        default="auto",
+        help="auto: on GPU the Triton TTT kernel (flex where Triton is missing), else eager",
+    )
     p.add_argument("--fsdp", choices=("auto", "on", "off"), default="auto", help="auto: FSDP for drafts > 2B params")
     p.add_argument("--draft-config", type=Path, help="a SGLang/SpecForge draft config.json to train")
     p.add_argument(

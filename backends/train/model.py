@@ -18,6 +18,8 @@ x_{t+2+k}, whose target distribution comes from the target's position t+1+k.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -64,6 +66,8 @@ class Attention(nn.Module):
             config.num_key_value_heads,
             config.head_dim,
         )
+        # The Triton TTT kernel's entry (ttt_kernel.ttt_attention) instead of flex or eager: Eagle3Draft.use_ttt_kernel.
+        self.ttt_kernel: Callable[[torch.Tensor, list[torch.Tensor], list[torch.Tensor]], torch.Tensor] | None = None
         width = 2 * config.hidden_size
         self.q_proj = nn.Linear(width, self.heads * self.head_dim, bias=False)
         self.k_proj = nn.Linear(width, self.kv_heads * self.head_dim, bias=False)
@@ -100,7 +104,9 @@ class Attention(nn.Module):
         values = [*past_values, _over_batch(v.view(count, self.kv_heads, self.head_dim), rows, shape)]
         asking = rows if queries is None else rows[queries]
         q_all = _over_batch(q if queries is None else q[queries], asking, shape)
-        if block_mask is None:
+        if self.ttt_kernel is not None:
+            out = self.ttt_kernel(q_all, keys, values)
+        elif block_mask is None:
             out = eager_ttt_attention(q_all, keys, values)
         else:
             out = flex_ttt_attention(q_all, keys, values, block_mask)
@@ -223,6 +229,16 @@ class Eagle3Draft(nn.Module):
             if isinstance(module, nn.Linear):
                 nn.init.normal_(module.weight, std=INIT_STD)
 
+    def use_ttt_kernel(self, on: bool = True) -> None:
+        """The attention through the Triton TTT kernel (where ttt_kernel.available()). Imported here, not at
+        the top: importing Triton costs a CPU-only process most of a second."""
+        if not on:
+            self.midlayer.self_attn.ttt_kernel = None
+            return
+        from backends.train import ttt_kernel
+
+        self.midlayer.self_attn.ttt_kernel = ttt_kernel.ttt_attention
+
     def forward(
         self,
         input_ids: torch.Tensor,
@@ -232,8 +248,8 @@ class Eagle3Draft(nn.Module):
     ) -> torch.Tensor:
         """The lm_head's input at the rows `plan` computes, [rows, H], as `plan.output` numbers them
         (logits = lm_head of it); input_ids [B, T], aux [B, T, num_aux*H]. The loss applies the
-        lm_head itself, to the rows it needs only (loss.fused_ttt_loss). With `block_masks` (one per
-        step) the attention is flex, else eager."""
+        lm_head itself, to the rows it needs only (loss.fused_ttt_loss). The attention is the Triton
+        kernel after use_ttt_kernel(), else flex with `block_masks` (one per step), else eager."""
         seq = input_ids.shape[1]
         cos, sin = self.rotary(torch.arange(seq - 1 + plan.steps, device=input_ids.device))
         embeds = self.embed_tokens(extend_tokens(input_ids, plan.steps))

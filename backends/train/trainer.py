@@ -71,16 +71,28 @@ FLEX_MIN_HEAD_DIM = 16
 
 
 def resolve_attention(requested: str, device: torch.device, head_dim: int) -> str:
-    """`auto`: flex on GPU when the head is wide enough, else eager."""
-    flex_ok = device.type == "cuda" and head_dim >= FLEX_MIN_HEAD_DIM
+    """`auto`: on GPU, the Triton TTT kernel (flex where Triton is missing) when the head is wide enough;
+    else eager."""
+    gpu_ok = device.type == "cuda" and head_dim >= FLEX_MIN_HEAD_DIM
     if requested == "auto":
-        return "flex" if flex_ok else "eager"
-    if requested == "flex" and not flex_ok:
+        if not gpu_ok:
+            return "eager"
+        return "triton" if _ttt_kernel_available(device) else "flex"
+    if requested in ("flex", "triton") and not gpu_ok:
         raise TrainError(
-            "--attention flex needs a GPU (PyTorch has no flex-attention backward on CPU) and "
-            f"head_dim >= {FLEX_MIN_HEAD_DIM} (this draft's is {head_dim}); use --attention eager"
+            f"--attention {requested} needs a GPU (PyTorch has no flex-attention backward on CPU; the Triton "
+            f"kernel runs on CUDA) and head_dim >= {FLEX_MIN_HEAD_DIM} (this draft's is {head_dim}); "
+            "use --attention eager"
         )
+    if requested == "triton" and not _ttt_kernel_available(device):
+        raise TrainError("--attention triton needs Triton (pip install triton); use --attention flex")
     return requested
+
+
+def _ttt_kernel_available(device: torch.device) -> bool:
+    from backends.train import ttt_kernel  # imports Triton: only where a GPU could use it
+
+    return ttt_kernel.available(device)
 
 
 def build_draft(
@@ -125,6 +137,8 @@ class Trainer:
         self.cuda = ctx.device.type == "cuda"
         self.compute_dtype = torch.bfloat16 if self.cuda else torch.float32
         self.attention = resolve_attention(options.attention, ctx.device, draft.config.head_dim)
+        if self.attention == "triton":
+            draft.use_ttt_kernel()
         self.compiled = self.cuda if options.compile is None else options.compile
         self.padded_lengths = padded_lengths
         self.draft = draft.to(ctx.device)
