@@ -98,6 +98,58 @@ def test_kernel_matches_eager_on_the_trainers_shapes(
     check(worker, batch=batch, kv_heads=2, groups=groups, seq=seq, steps=steps, head_dim=16, seed=seed)
 
 
+@settings(max_examples=3, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(seq=st.integers(2, 40), steps=st.integers(1, 4), seed=st.integers(0, 2**31 - 1))
+def test_the_draft_through_the_kernel_is_the_draft_through_eager_attention(
+    worker: Worker, seq: int, steps: int, seed: int
+) -> None:
+    """Eagle3Draft.use_ttt_kernel (what --attention triton sets): the rows the loss reads, with holes in
+    the loss mask and right padding, and every parameter's gradient, as with eager attention."""
+    check(worker, kind=1, batch=2, seq=seq, steps=steps, seed=seed)
+
+
+def _draft_errors(case: dict[str, int]) -> dict[str, float]:
+    """The draft of tests/test_train_model.py, widened to head_dim 16 (tl.dot's least), through the kernel
+    and through eager attention."""
+    import dataclasses
+
+    import torch
+
+    from backends.train.loss import pairs_in_loss, step_masks
+    from backends.train.model import Eagle3Draft
+    from backends.train.step_rows import step_rows
+    from tests.test_train_model import CONFIG
+
+    config = dataclasses.replace(CONFIG, head_dim=16)
+    gen = torch.Generator().manual_seed(case["seed"])
+    batch, seq, steps = case["batch"], case["seq"], case["steps"]
+    torch.manual_seed(case["seed"])
+    draft = Eagle3Draft(config)
+    ids = torch.randint(1, config.vocab_size, (batch, seq), generator=gen)
+    aux = torch.randn(batch, seq, config.num_aux * config.target_hidden_size, generator=gen)
+    lengths = torch.randint(1, seq + 1, (batch,), generator=gen)
+    loss_mask = (torch.rand(batch, seq, generator=gen) < 0.8) & (torch.arange(seq) < lengths[:, None])
+    in_loss = pairs_in_loss(step_masks(loss_mask, torch.rand(batch, seq, generator=gen) < 0.7, steps), seq)
+    plan = step_rows(in_loss)
+    params = [p for name, p in draft.named_parameters() if p.requires_grad and name != "lm_head.weight"]
+    results = []
+    for on in (True, False):
+        draft.use_ttt_kernel(on)
+        out = draft(ids, aux, plan)
+        weights = torch.randn(out.shape, generator=torch.Generator().manual_seed(1))
+        grads = torch.autograd.grad((out * weights).sum(), params, allow_unused=True)
+        results.append([out.detach(), *(torch.zeros(()) if g is None else g for g in grads)])
+    names = ["out", *(name for name, p in draft.named_parameters() if p.requires_grad and name != "lm_head.weight")]
+    return _relative(names, *results)
+
+
+def _relative(names: list[str], got: list[Any], ref: list[Any]) -> dict[str, float]:
+    # Relative to the reference, or to 1e-3 where it is about zero: one position and one step have a
+    # softmax of one entry, whose gradients are zero up to rounding.
+    errors = {n: float((a - b).norm() / b.norm().clamp_min(1e-3)) for n, a, b in zip(names, got, ref, strict=True)}
+    return {n: (e if e == e else float("inf")) for n, e in errors.items()}  # NaN fails
+
+
 def _serve() -> None:
     """The worker's side: one case a line in, its errors a line out."""
     import torch
@@ -108,6 +160,9 @@ def _serve() -> None:
     torch.set_num_threads(1)
     for line in sys.stdin:
         case = json.loads(line)
+        if case.get("kind") == 1:
+            print(json.dumps({"errors": _draft_errors(case), "interpreted": ttt_kernel.available("cpu")}), flush=True)
+            continue
         gen = torch.Generator().manual_seed(case["seed"])
         batch, kv_heads, seq, dim = case["batch"], case["kv_heads"], case["seq"], case["head_dim"]
 
@@ -124,11 +179,7 @@ def _serve() -> None:
         for attention in (ttt_kernel.ttt_attention, eager_ttt_attention):
             out = attention(q, keys, values)
             results.append([out.detach(), *torch.autograd.grad(out, leaves, grad)])
-        got, ref = results
-        # Relative to the reference, or to 1e-3 where it is about zero: one position and one step have a
-        # softmax of one entry, whose gradients are zero up to rounding.
-        errors = {n: float((a - b).norm() / b.norm().clamp_min(1e-3)) for n, a, b in zip(names, got, ref, strict=True)}
-        errors = {n: (e if e == e else float("inf")) for n, e in errors.items()}  # NaN fails
+        errors = _relative(names, *results)
         print(json.dumps({"errors": errors, "interpreted": ttt_kernel.available("cpu")}), flush=True)
 
 
