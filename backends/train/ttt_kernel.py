@@ -69,7 +69,8 @@ class Config:
     query_grads: Blocks  # dQ, and dK/dV of the diagonal steps
 
 
-# Chosen on an H200 (benchmarks/ttt_kernel_check.py sweeps them). Wider heads take smaller tiles: the
+# head_dim 128's chosen on an H200 (benchmarks/ttt_kernel_check.py --sweep, 8 x 2048, TTT step 3); 64's and
+# 256's are not measured yet (the interpreter checks them only). Wider heads take smaller tiles: the
 # backward holds dK and dV (or dQ) in fp32 registers beside the tiles it multiplies.
 CONFIGS: dict[int, Config] = {
     64: Config(Blocks(128, 64, 4, 3), Blocks(32, 128, 4, 3), Blocks(128, 32, 4, 3)),
