@@ -125,12 +125,15 @@ async def client(workdir: Path, nvml_state: Path) -> AsyncIterator[AgentClient]:
 
 
 def wait_for(predicate: Callable[[], Any], timeout: float = 20.0, what: str = "condition") -> Any:
+    """The predicate's first true value, asked every 50 ms; a costly predicate (a CLI and its agent: ~0.4 s of CPU)
+    waits as long as it took between asks, so that a wait keeps at most half a core busy."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
+        asked = time.monotonic()
         value = predicate()
         if value:
             return value
-        time.sleep(0.05)
+        time.sleep(max(0.05, time.monotonic() - asked))
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 

@@ -18,6 +18,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -146,6 +147,7 @@ def processes_of(run_id: str) -> dict[int, int]:
     return found
 
 
+@pytest.mark.timeout(300)  # a real start, its metrics and two benches: past the suite's 120 s on a busy machine
 def test_a_real_sglang_server_on_cpu_is_ready_by_its_health_gives_metrics_rows_is_benched_and_our_kill_ends_it(
     cli: CLI, workdir: Path, target: Path, sglang_python: Path, tmp_path: Path
 ) -> None:
