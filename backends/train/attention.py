@@ -43,9 +43,79 @@ def eager_ttt_attention(q: torch.Tensor, keys: list[torch.Tensor], values: list[
     return out
 
 
+# Flex attention's tile (create_block_mask's default). On the GPU the trainer pads lengths to a multiple of it
+# (loop.pad_multiple), so each TTT step's keys start on a tile: the block tables below follow from the length alone.
+FLEX_BLOCK = 128
+
+
+def _tile_mask(b: torch.Tensor, h: torch.Tensor, q: torch.Tensor, kv: torch.Tensor) -> torch.Tensor:
+    """The TTT mask inside the tiles `_ttt_tables` lists as partial, the only ones flex's kernels evaluate it
+    on: the causal diagonal tile of step 0's keys (kv <= q) and, at steps >= 1, the tile holding position q's
+    own key (the same offset in the tile). It reads no length, so a graph that calls it is not tied to one,
+    and costs a bitwise and where the exact mask divides by the length. Eager flex evaluates the mask
+    everywhere, so only compiled flex on the GPU gets it (ttt_block_mask)."""
+    return (kv <= q) | (kv % FLEX_BLOCK == q % FLEX_BLOCK)
+
+
+def _ttt_tables(seq_len: int, step: int, device: str | torch.device) -> BlockMask:
+    """The block mask of step `step` for a length that is a multiple of FLEX_BLOCK, written down from the
+    pattern: n tiles a step, query tile i reads step 0's tiles 0..i-1 whole and, in part, tile i of every
+    step. Only arithmetic on the length: under torch.compile a symbolic length stays symbolic."""
+    n = seq_len // FLEX_BLOCK
+    kv_tiles = (step + 1) * n
+
+    def tiles(count: int) -> torch.Tensor:
+        return torch.arange(count, device=device, dtype=torch.int32)
+
+    rows, cols, q_cols = tiles(n)[:, None], tiles(kv_tiles)[None, :], tiles(n)[None, :]
+    kv_rows = tiles(kv_tiles)[:, None]
+    # Past each row's count the entries are never read; they are kept in range all the same.
+    partial = (rows + n * cols) % kv_tiles  # tile i of each step, step 0's first
+    full = cols.expand(n, kv_tiles)  # step 0's tiles 0..i-1
+    own = kv_rows % n  # a key tile's one partial query tile: its own offset
+    after = (own + 1 + q_cols) % n  # the later query tiles, which read step 0's key tile whole
+    in_step0 = kv_rows.squeeze(1) < n
+
+    def table(counts: torch.Tensor, indices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return counts.to(torch.int32)[None, None].contiguous(), indices[None, None].contiguous()
+
+    kv_count, kv_index = table(torch.full((n,), step + 1, device=device), partial)
+    full_count, full_index = table(rows.squeeze(1), full)
+    q_count, q_index = table(torch.ones(kv_tiles, device=device), own.expand(kv_tiles, n))
+    full_q_count, full_q_index = table(torch.where(in_step0, n - 1 - own.squeeze(1), 0), after)
+    return BlockMask(
+        seq_lengths=(seq_len, kv_tiles * FLEX_BLOCK),
+        kv_num_blocks=kv_count,
+        kv_indices=kv_index,
+        full_kv_num_blocks=full_count,
+        full_kv_indices=full_index,
+        q_num_blocks=q_count,
+        q_indices=q_index,
+        full_q_num_blocks=full_q_count,
+        full_q_indices=full_q_index,
+        BLOCK_SIZE=(FLEX_BLOCK, FLEX_BLOCK),
+        mask_mod=_tile_mask,
+    )
+
+
+def ttt_block_mask(seq_len: int, step: int, device: str | torch.device) -> BlockMask:
+    """The mask of step `step` over the keys of steps 0..step concatenated (length (step+1)*seq_len). Under
+    torch.compile `seq_len` may be symbolic: on the GPU, one graph serves every multiple of FLEX_BLOCK."""
+    if seq_len % FLEX_BLOCK or torch.device(device).type != "cuda":
+        return _exact_block_mask(seq_len, step, str(device))
+    if torch.compiler.is_compiling():
+        return _ttt_tables(seq_len, step, device)
+    return _cached_tables(seq_len, step, str(device))
+
+
 @functools.cache  # one per (padded length, step): bounded by the run's lengths
-def ttt_block_mask(seq_len: int, step: int, device: str) -> BlockMask:
-    """The mask of step `step` over the keys of steps 0..step concatenated (length (step+1)*seq_len)."""
+def _cached_tables(seq_len: int, step: int, device: str) -> BlockMask:
+    return _ttt_tables(seq_len, step, device)
+
+
+@functools.cache
+def _exact_block_mask(seq_len: int, step: int, device: str) -> BlockMask:
+    """Any length (the tests' short ones): the mask evaluated everywhere, its tiles found from that."""
 
     def mask(b: torch.Tensor, h: torch.Tensor, q: torch.Tensor, kv: torch.Tensor) -> torch.Tensor:
         block, pos = kv // seq_len, kv % seq_len
@@ -56,8 +126,9 @@ def ttt_block_mask(seq_len: int, step: int, device: str) -> BlockMask:
 
 @functools.cache
 def _compiled_flex() -> Callable[..., torch.Tensor]:
-    # Eager flex_attention materialises the scores; compiled, it is one fused kernel.
-    return cast(Callable[..., torch.Tensor], torch.compile(flex_attention, dynamic=False))
+    # Eager flex_attention materialises the scores; compiled, it is one fused kernel. Dynamic: the tables'
+    # mask reads no length, so one kernel serves every length and step (evaluation, and runs without --compile).
+    return cast(Callable[..., torch.Tensor], torch.compile(flex_attention, dynamic=True))
 
 
 def flex_ttt_attention(

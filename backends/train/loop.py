@@ -18,6 +18,7 @@ from backends.eagle3_contract import Manifest, read_manifest
 from backends.host import cpus
 from backends.protocol import Metric, MetricRow
 from backends.train import chats, checkpoint, distributed, online
+from backends.train.attention import FLEX_BLOCK
 from backends.train.config import DraftConfig, check_draft, check_target
 from backends.train.data import (
     GROUPED,
@@ -35,13 +36,11 @@ from backends.train.model import Eagle3Draft
 from backends.train.options import TrainOptions
 from backends.train.sources import ShardSource, Source
 from backends.train.target import TargetConfig, Teacher, load_target_matrices, read_target_config
-from backends.train.trainer import Trainer, build_draft
+from backends.train.trainer import Trainer, build_draft, resolve_attention, use_compile_cache
 from backends.train.vocab import VocabMap, build_vocab_map, token_frequencies
 
-# On GPU, sequence lengths are padded to the flex-attention block size, which
-# also bounds how many shapes torch.compile sees: each padded length compiles
-# once (about a minute for an 8B-shaped draft on an H200). --pad-multiple trades
-# padding for fewer compilations.
+# On GPU, sequence lengths are padded to the flex-attention block size (flex's block tables need it: a
+# multiple of it always, attention.FLEX_BLOCK). torch.compile compiles one graph for every length.
 GPU_PAD_MULTIPLE = 128
 
 
@@ -75,21 +74,23 @@ class Run:
     vocab: VocabMap
     resumed_from: Path | None
     threads: str  # the CPU threads per process and why ("" on a GPU)
+    compile_cache: str = ""  # where the compile cache is and whether it was reused ("" when nothing compiles)
 
     @property
     def layout(self) -> Layout:
-        pad = pad_multiple(self.options, self.ctx)
+        pad = pad_multiple(self.options, self.ctx, self.trainer.attention)
         return Layout(self.options.batch_size, self.ctx.world, self.ctx.rank, pad, self.options.max_length)
 
 
-def pad_multiple(options: TrainOptions, ctx: distributed.Dist) -> int:
-    return options.pad_multiple or (GPU_PAD_MULTIPLE if ctx.device.type == "cuda" else 1)
+def pad_multiple(options: TrainOptions, ctx: distributed.Dist, attention: str) -> int:
+    pad = options.pad_multiple or (GPU_PAD_MULTIPLE if ctx.device.type == "cuda" else 1)
+    return math.lcm(pad, FLEX_BLOCK) if attention == "flex" else pad
 
 
-def padded_lengths(options: TrainOptions, manifest: Manifest, ctx: distributed.Dist) -> int:
+def padded_lengths(options: TrainOptions, manifest: Manifest, ctx: distributed.Dist, attention: str) -> int:
     """How many lengths a batch can be padded to: multiples of the pad up to the longest sample."""
     longest = min(options.max_length or manifest.max_length, manifest.max_length)
-    pad = pad_multiple(options, ctx)
+    pad = pad_multiple(options, ctx, attention)
     return padded_length([longest], pad) // pad
 
 
@@ -158,8 +159,11 @@ def prepare(options: TrainOptions, ctx: distributed.Dist) -> Run:
     trainable = sum(p.numel() for p in draft.parameters() if p.requires_grad)
     fsdp = distributed.use_fsdp(options.fsdp, ctx.world, trainable)
     teacher = Teacher(lm_head.to(ctx.device, compute_dtype), vocab.draft_ids, vocab.t2d)
-    lengths = padded_lengths(options, manifest, ctx)
+    attention = resolve_attention(options.attention, ctx.device, config.head_dim)
+    lengths = padded_lengths(options, manifest, ctx, attention)
     trainer = Trainer(draft, teacher, ctx, options, total_steps, fsdp=fsdp, padded_lengths=lengths)
+    # Before anything compiles: the first step compiles the step (--compile) or, on a GPU, the attention.
+    cache = use_compile_cache(options.out) if trainer.compiled or trainer.cuda else ""
     trainer.manifest = manifest
     if latest is not None:
         state = checkpoint.load_training_state(latest)
@@ -171,7 +175,7 @@ def prepare(options: TrainOptions, ctx: distributed.Dist) -> Run:
         placement = online.choose_placement(options.target_placement, ctx, options.target)
         model = online.load_target_model(options.target, ctx, placement, manifest.dtype)
         source.attach(model, placement, ctx)
-    return Run(options, ctx, source, trainer, vocab, latest, threads)
+    return Run(options, ctx, source, trainer, vocab, latest, threads, cache)
 
 
 def check_same_order(checkpoint: Path, state: dict[str, Any], order: str, global_batch: int) -> None:
@@ -208,17 +212,16 @@ def describe(run: Run) -> str:
         f"draft vocab {cfg.draft_vocab_size}{seen}, "
         f"{trainable:,} trainable parameters; {t.total_steps} steps x batch {o.batch_size} x "
         f"{run.ctx.world} process(es){accumulated} on {run.ctx.device}, TTT {o.ttt}, attention {t.attention}, "
-        f"compile {compiling(t)}{run.threads}; {start}"
+        f"compile {compiling(t, run.compile_cache)}{run.threads}; {start}"
     )
 
 
-def compiling(trainer: Trainer) -> str:
-    """Whether the step is compiled; the first batch of each padded length waits for its compilation."""
+def compiling(trainer: Trainer, cache: str) -> str:
+    """Whether the step is compiled: once, by the first step, for every length the batches bring (the
+    sequence length is dynamic); where its cache is, and whether an earlier start filled it."""
     if not trainer.compiled:
-        return "off"
-    if trainer.padded_lengths == 1:
-        return "on"
-    return f"on, once for each padded length the batches bring (up to {trainer.padded_lengths})"
+        return "off" + (f" ({cache})" if cache else "")
+    return "on, one graph for every length, compiled by the first step" + (f" ({cache})" if cache else "")
 
 
 class Logger:

@@ -43,9 +43,11 @@ class StepRows:
         return len(self.rows)
 
     def track_sizes(self) -> None:
-        """Tell torch.compile that the row counts change from batch to batch (one graph for all)."""
-        for index in (self.keys, *self.rows, *self.inputs, *self.positions, *self.tokens):
+        """Tell torch.compile that the row counts change from batch to batch (one graph for all), and the
+        length: `output` is [K, B*T] (the compiled step reads neither it nor `read`, but copies the plan)."""
+        for index in (self.keys, *self.rows, *self.inputs, *self.positions, *self.tokens, self.read):
             torch._dynamo.maybe_mark_dynamic(index, 0)
+        torch._dynamo.maybe_mark_dynamic(self.output, 1)
 
 
 def step_rows(in_loss: torch.Tensor) -> StepRows:

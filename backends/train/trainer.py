@@ -3,6 +3,8 @@ schedule, one optimizer step, evaluation, and saving or restoring all of it."""
 
 from __future__ import annotations
 
+import dataclasses
+import os
 import random
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -14,6 +16,7 @@ from torch import nn
 from torch.nn.attention.flex_attention import BlockMask
 
 from backends.eagle3_contract import Manifest
+from backends.fileio import private_dir
 from backends.protocol import Metric, MetricRow
 from backends.train import checkpoint, distributed
 from backends.train.attention import ttt_block_mask
@@ -29,17 +32,42 @@ from backends.train.target import Teacher, TeacherRows
 from backends.train.vocab import VocabMap
 
 ADAM_BETAS = (0.9, 0.95)
-# torch's recompile limits, raised to cover every shape a run compiles (compile_limits).
+# torch's recompile limits, raised to cover every shape a run could compile (compile_limits).
 RECOMPILE_LIMIT = 256
+# Inductor's and Triton's caches for the run, under OUT: a relaunch of the same run loads its graphs and kernels.
+COMPILE_CACHE = "compile-cache"
 
 
 def compile_limits(padded_lengths: int, ttt: int) -> tuple[int, int]:
-    """(per function, in all) how many compilations a run can make: one per padded length of the whole
-    step with --compile, or of flex attention alone without, once per (length, TTT step), and flex again for
-    evaluation, which runs without gradients. Past torch's limits the rest would run uncompiled, and eager
-    flex materialises every score [B, heads, T, (k+1)T]: a long batch would run out of memory."""
+    """(per function, in all) how many compilations a run could make were its length not dynamic (one graph
+    per padded length, and flex attention alone per length, TTT step and grad mode). One graph serves every
+    length; the limits are there so that a torch that specialises it anyway still compiles every shape:
+    past them the rest would run uncompiled, and eager flex materialises every score [B, heads, T, (k+1)T],
+    which runs a long batch out of memory."""
     shapes = 2 * padded_lengths * ttt
     return max(RECOMPILE_LIMIT, shapes), max(RECOMPILE_LIMIT, 2 * shapes)
+
+
+def use_compile_cache(out: Path) -> str:
+    """Point inductor's and Triton's caches at OUT/compile-cache (private: 700, the caches write each entry to
+    a temp file and rename it), before anything compiles; says whether an earlier start left it filled."""
+    path = out / COMPILE_CACHE
+    reused = path.is_dir() and any(path.iterdir())
+    private_dir(path)
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(path)
+    os.environ["TRITON_CACHE_DIR"] = str(path / "triton")
+    return f"cache reused from {path}" if reused else f"cache kept in {path} for a relaunch"
+
+
+def keep_one_graph() -> None:
+    """Inductor's mix-order reduction fusion (torch >= 2.10) weighs sizes against thresholds, and on dynamic
+    sizes each weighing is a guard: every threshold the row counts cross compiled the step again (4 graphs
+    over lengths 128..8192 on torch 2.11). Its non-strict mode fuses at every size, which cost 16% at 512
+    tokens on an H200; off, the graphs ran as fast as those the thresholds had left unfused."""
+    import torch._inductor.config as inductor
+
+    if hasattr(inductor.triton, "mix_order_reduction"):
+        inductor.triton.mix_order_reduction = False
 
 
 @dataclass
@@ -128,7 +156,7 @@ class Trainer:
         fsdp: bool = False,
         padded_lengths: int = 1,
     ) -> None:
-        """`padded_lengths`: how many lengths the run's batches can be padded to (each compiles apart)."""
+        """`padded_lengths`: how many lengths the run's batches can be padded to (compile_limits)."""
         self.ctx = ctx
         self.options = options
         self.total_steps = total_steps
@@ -159,8 +187,9 @@ class Trainer:
             limits = compile_limits(padded_lengths, options.ttt)
             torch._dynamo.config.recompile_limit, torch._dynamo.config.accumulated_recompile_limit = limits
         if self.compiled:
-            # The draft's layers only (the loss has its own kernel); the rows computed change with every
-            # batch (step_rows), the batch's shape only with its padded length.
+            # The draft's layers only (the loss has its own kernel), one graph for every batch: the rows
+            # computed (step_rows) and the length are marked dynamic (losses), nothing else is.
+            keep_one_graph()
             self.forward = torch.compile(self._forward, dynamic=False)
 
     # ---- one step -------------------------------------------------------
@@ -169,16 +198,13 @@ class Trainer:
             return None
         return [ttt_block_mask(seq_len, k, str(self.ctx.device)) for k in range(self.options.ttt)]
 
-    def _forward(
-        self,
-        model: nn.Module,
-        input_ids: torch.Tensor,
-        aux: torch.Tensor,
-        plan: StepRows,
-        masks: list[BlockMask] | None,
-    ) -> torch.Tensor:
+    def _forward(self, model: nn.Module, input_ids: torch.Tensor, aux: torch.Tensor, plan: StepRows) -> torch.Tensor:
+        # The length and the masks from the batch's shape, not from the plan's int, which a compiled graph
+        # would be specialised to: compiled, the length is symbolic and one graph serves them all.
+        seq = input_ids.shape[1]
+        plan = dataclasses.replace(plan, seq=seq)
         with torch.autocast(self.ctx.device.type, dtype=torch.bfloat16, enabled=self.cuda):
-            hidden: torch.Tensor = model(input_ids, aux, plan, masks)
+            hidden: torch.Tensor = model(input_ids, aux, plan, self.block_masks(seq))
         return hidden
 
     def loss_rows(self, batch: Batch) -> tuple[TeacherRows, LossRows]:
@@ -198,8 +224,9 @@ class Trainer:
         forward = self.forward if training else self._forward
         if training and self.compiled:
             loss.plan.track_sizes()
-        masks = self.block_masks(batch.input_ids.shape[1])
-        hidden = forward(model, batch.input_ids, batch.aux_hidden_states, loss.plan, masks)
+            for tensor in (batch.input_ids, batch.aux_hidden_states):
+                torch._dynamo.maybe_mark_dynamic(tensor, 1)  # the length: one graph for every length
+        hidden = forward(model, batch.input_ids, batch.aux_hidden_states, loss.plan)
         # The draft's own lm_head: under FSDP the root keeps its parameters gathered from forward to backward.
         return fused_ttt_loss(hidden, self.draft.lm_head.weight, teacher, loss, denominators)
 
