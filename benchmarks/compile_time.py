@@ -11,6 +11,20 @@ the shell's clock) to the end of the first step, the first step alone (the compi
 (a length that compiled again would stand out) and how many graphs dynamo compiled. --cache is the inductor
 and Triton cache folder (TORCHINDUCTOR_CACHE_DIR, TRITON_CACHE_DIR): a second process on the same folder is a
 relaunch of the same run. Run on a checkout of an older commit (PYTHONPATH), it times that commit's trainer.
+
+Measured on one H200 (torch 2.11, triton 3.6, 2026-12-04; attention: the TTT Triton kernel, which `auto` picks),
+first batch 2048, then one step at each of the 64 lengths 128, 256, .., 8192:
+  one graph, mix-order reduction non-strict: 87 s from the process's start to the end of the first step (74 s
+    of it the step's compilation); all 64 lengths done 97 s after the start, the slowest of them 0.26 s (8192):
+    no length compiled again; 16,800 / 30,700 / 30,865 tokens/s at 512 / 2048 / 8192; a relaunch on the same
+    cache 16 s to the end of its first step (FX graph and AOTAutograd cache hits, no miss).
+  with inductor's strict mix-order thresholds (before trainer.keep_one_graph): 4 graphs (the thresholds were
+    guards on the row counts, each recompile ~30 s); 19,929 / 31,081 / 30,852 tokens/s, each length in a graph
+    the thresholds had left unfused, as the committed setting (fusion off) leaves every one; relaunch 18 s.
+  the commit before (02d3a6c, a graph per padded length): 92 s to the end of the first step (78 s compiling),
+    then about as long again for each new padded length (16 to cover 128..2048: ~21 minutes; 64 for
+    128..8192: ~83 minutes); 31,473 tokens/s at 2048 (the dynamic graph: 31,081, 1.2% slower). First losses
+    71.46212 (per length) and 71.46214 (dynamic): the same graph's arithmetic.
 """
 
 from __future__ import annotations
