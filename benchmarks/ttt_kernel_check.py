@@ -14,12 +14,12 @@ last; --results appends one JSON line per row.
 
 Work counted per call (forward): 4 * B * H * d * (T(T+1)/2 + kT) flops; backward 2.5x that.
 
-Measured on an H200 (2026-12-04, torch 2.11.0, triton 3.6.0; before dO.O moved into the dQ kernel): every
-shape within 2.5e-3 of float32 eager, as flex is. 8 x 2048, ms kernel/flex: forward k=0 0.72/0.82, k=3
-0.86/1.70, k=6 1.02/2.39; backward k=0 2.77/2.55, k=3 3.26/3.79, k=6 4.16/4.90. At 1 x 2048 the kernel's
-backward is the slower (k=6 1.23/0.77): 256 programs of step 0's key gradients, unevenly loaded, on 132
-multiprocessors. In the compiled train step (benchmarks.train_throughput, 8 x 2048, --attention triton):
-34,953 tokens/s, 30.4 GiB.
+Measured on an H200 (2026-12-04, torch 2.11.0, triton 3.6.0, `--batch 8,1 --seq 2048,1000 --flex-steps 0,6`): every
+shape within 2.5e-3 of float32 eager, as flex is. 8 x 2048, ms kernel/flex (flex compiled dynamic, on the block
+tables written from the length): forward k=0 0.70/0.90, k=6 1.02/2.56; backward k=0 2.13/3.55, k=6 3.43/7.87.
+1 x 2048: forward k=0 0.15/0.15, k=6 0.16/0.37; backward k=0 0.40/0.70, k=6 0.59/1.23. In the compiled train
+step (benchmarks.train_throughput, 8 x 2048, --attention triton, before dO.O moved into the dQ kernel): 34,953
+tokens/s, 30.4 GiB.
 """
 
 from __future__ import annotations
