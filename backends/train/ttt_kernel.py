@@ -101,6 +101,21 @@ def _jit(kernel: Callable[..., None]) -> Any:
 
 
 @_jit
+def _query_rows(  # type: ignore[no-untyped-def]
+    t0, b, kvh, T, sq_b, sq_h, sq_t,
+    HEAD_DIM: tl.constexpr, G: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
+):  # fmt: skip
+    """A packed tile of queries from position t0: row r is query head kvh * G + r // BLOCK_T at position
+    t0 + r % BLOCK_T. (its heads, its positions, which rows are real, their offsets in Q and their mask)."""
+    r = tl.arange(0, BLOCK_G * BLOCK_T)
+    head, t = kvh * G + r // BLOCK_T, t0 + r % BLOCK_T
+    row_ok = (r // BLOCK_T < G) & (t < T)
+    d = tl.arange(0, BLOCK_D)
+    q_at = b * sq_b + head[:, None] * sq_h + t[:, None] * sq_t + d[None, :]
+    return head, t, row_ok, q_at, row_ok[:, None] & (d < HEAD_DIM)[None, :]
+
+
+@_jit
 def _forward_kernel(  # type: ignore[no-untyped-def]
     Q, K0, V0, KD, VD, Out, Lse,
     sq_b, sq_h, sq_t, sk_b, sk_h, sk_t, sl_b, sl_h,
@@ -111,14 +126,10 @@ def _forward_kernel(  # type: ignore[no-untyped-def]
     t0 = tl.program_id(0) * BLOCK_T
     b = tl.program_id(1) // KV_HEADS
     kvh = tl.program_id(1) % KV_HEADS
-    # Row r of a packed tile is query head kvh * G + r // BLOCK_T at position t0 + r % BLOCK_T.
-    r = tl.arange(0, BLOCK_G * BLOCK_T)
-    head, t = kvh * G + r // BLOCK_T, t0 + r % BLOCK_T
-    row_ok = (r // BLOCK_T < G) & (t < T)
+    head, t, row_ok, q_at, q_ok = _query_rows(t0, b, kvh, T, sq_b, sq_h, sq_t, HEAD_DIM, G, BLOCK_G, BLOCK_T, BLOCK_D)
     d = tl.arange(0, BLOCK_D)
     d_ok = d < HEAD_DIM
-    q_at = b * sq_b + head[:, None] * sq_h + t[:, None] * sq_t + d[None, :]
-    q = tl.load(Q + q_at, mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+    q = tl.load(Q + q_at, mask=q_ok, other=0.0)
     kv = b * sk_b + kvh * sk_h
     n = tl.arange(0, BLOCK_N)
     m_i = tl.full([BLOCK_G * BLOCK_T], float("-inf"), tl.float32)
@@ -157,7 +168,7 @@ def _forward_kernel(  # type: ignore[no-untyped-def]
         acc = acc * alpha[:, None] + pj[:, None] * vj
         m_i = m_new
     out = acc / l_i[:, None]
-    tl.store(Out + q_at, out.to(Out.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
+    tl.store(Out + q_at, out.to(Out.dtype.element_ty), mask=q_ok)
     # log2 of the softmax's denominator, in the scaled-by-log2(e) units the backward recomputes in.
     tl.store(Lse + b * sl_b + head * sl_h + t, m_i + tl.log2(l_i), mask=row_ok)
 
@@ -188,11 +199,9 @@ def _key_grads_kernel(  # type: ignore[no-untyped-def]
     first = (n0 // BLOCK_T) * BLOCK_T
     masked_end = n0 + BLOCK_N
     for t0 in range(first, T, BLOCK_T):
-        r = tl.arange(0, BLOCK_G * BLOCK_T)
-        head, t = kvh * G + r // BLOCK_T, t0 + r % BLOCK_T
-        row_ok = (r // BLOCK_T < G) & (t < T)
-        q_at = b * sq_b + head[:, None] * sq_h + t[:, None] * sq_t + d[None, :]
-        q_ok = row_ok[:, None] & d_ok[None, :]
+        head, t, row_ok, q_at, q_ok = _query_rows(
+            t0, b, kvh, T, sq_b, sq_h, sq_t, HEAD_DIM, G, BLOCK_G, BLOCK_T, BLOCK_D
+        )
         q = tl.load(Q + q_at, mask=q_ok, other=0.0)
         do = tl.load(dO + q_at, mask=q_ok, other=0.0)
         at = b * sl_b + head * sl_h + t
@@ -221,14 +230,9 @@ def _query_grads_kernel(  # type: ignore[no-untyped-def]
     t0 = tl.program_id(0) * BLOCK_T
     b = tl.program_id(1) // KV_HEADS
     kvh = tl.program_id(1) % KV_HEADS
-    # Row r of a packed tile is query head kvh * G + r // BLOCK_T at position t0 + r % BLOCK_T.
-    r = tl.arange(0, BLOCK_G * BLOCK_T)
-    head, t = kvh * G + r // BLOCK_T, t0 + r % BLOCK_T
-    row_ok = (r // BLOCK_T < G) & (t < T)
+    head, t, row_ok, q_at, q_ok = _query_rows(t0, b, kvh, T, sq_b, sq_h, sq_t, HEAD_DIM, G, BLOCK_G, BLOCK_T, BLOCK_D)
     d = tl.arange(0, BLOCK_D)
     d_ok = d < HEAD_DIM
-    q_at = b * sq_b + head[:, None] * sq_h + t[:, None] * sq_t + d[None, :]
-    q_ok = row_ok[:, None] & d_ok[None, :]
     q = tl.load(Q + q_at, mask=q_ok, other=0.0)
     do = tl.load(dO + q_at, mask=q_ok, other=0.0)
     at = b * sl_b + head * sl_h + t
