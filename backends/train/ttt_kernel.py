@@ -295,7 +295,10 @@ def _strides(q: torch.Tensor, k: torch.Tensor, lse: torch.Tensor) -> tuple[int, 
     return (q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2), lse.stride(0), lse.stride(1))
 
 
-def _forward(
+# Custom ops: torch.compile sees one opaque node with a known output shape (and so never guards on the
+# kernel's internals); the backward is an op of its own for the same reason.
+@torch.library.custom_op("eagle3::ttt_attention_forward", mutates_args=())
+def _forward_op(
     q: torch.Tensor, keys: list[torch.Tensor], values: list[torch.Tensor]
 ) -> tuple[torch.Tensor, torch.Tensor]:
     _check(q, keys, values)
@@ -316,7 +319,8 @@ def _forward(
     return out, lse
 
 
-def _backward(
+@torch.library.custom_op("eagle3::ttt_attention_backward", mutates_args=())
+def _backward_op(
     grad: torch.Tensor,
     q: torch.Tensor,
     keys: list[torch.Tensor],
@@ -360,30 +364,9 @@ def _backward(
     return [dq, *dkeys, *dvalues]
 
 
-# Custom ops: torch.compile sees one opaque node with a known output shape (and so never guards on the
-# kernel's internals); the backward is an op of its own for the same reason.
-@torch.library.custom_op("eagle3::ttt_attention_forward", mutates_args=())
-def _forward_op(
-    q: torch.Tensor, keys: list[torch.Tensor], values: list[torch.Tensor]
-) -> tuple[torch.Tensor, torch.Tensor]:
-    return _forward(q, keys, values)
-
-
 @_forward_op.register_fake
 def _(q: torch.Tensor, keys: list[torch.Tensor], values: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.empty_like(q), q.new_empty(q.shape[:3], dtype=torch.float32)
-
-
-@torch.library.custom_op("eagle3::ttt_attention_backward", mutates_args=())
-def _backward_op(
-    grad: torch.Tensor,
-    q: torch.Tensor,
-    keys: list[torch.Tensor],
-    values: list[torch.Tensor],
-    out: torch.Tensor,
-    lse: torch.Tensor,
-) -> list[torch.Tensor]:
-    return _backward(grad, q, keys, values, out, lse)
 
 
 @_backward_op.register_fake
