@@ -4,13 +4,15 @@ run by the supervisor neither loses nor repeats rows."""
 
 from __future__ import annotations
 
+import errno
 import json
 import math
+import os
 import subprocess
 import sys
 import tempfile
 import textwrap
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +20,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from backends.fileio import append_jsonl
 from backends.protocol import not_metric_values, parse_source
+from backends.runs import metrics_sources
 from backends.runs.metrics_sources import (
     LINE_SOURCES,
     LineParser,
@@ -620,6 +624,137 @@ def test_a_saved_position_of_another_source_is_not_used(train_run: RunDir) -> No
     train_run.file(METRICS_SOURCE).write_text(json.dumps({"source": "specforge", "offset": 999}))
     MetricsFollower(train_run, "jsonl").drain(final=True)
     assert rows_of(train_run) == [{"step": 1, "loss": 2.0, "source": "jsonl"}]
+
+
+# --- faults on the way in and out: no row lost, none written twice --------------------------------------------
+
+FOUR_ROWS = [{"step": step, "loss": 4.0 - step} for step in range(1, 5)]
+
+
+def jsonl_output(rows: list[dict[str, Any]]) -> bytes:
+    return b"".join(json.dumps(row).encode() + b"\n" for row in rows)
+
+
+def as_written(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [{**row, "source": "jsonl"} for row in rows]
+
+
+def refusing_once(at: int, error: Exception) -> Callable[[Path, object], None]:
+    """append_jsonl, but the `at`-th append of a row (from 0) fails with `error` once, writing nothing, as a full
+    disk or a failing one refuses a write; every other goes to the real file."""
+    calls = [0]
+
+    def append(path: Path, obj: object) -> None:
+        calls[0] += 1
+        if calls[0] == at + 1:
+            raise error
+        append_jsonl(path, obj)
+
+    return append
+
+
+@pytest.mark.parametrize("at", range(len(FOUR_ROWS)))
+@pytest.mark.parametrize("code", [errno.ENOSPC, errno.EIO], ids=["ENOSPC", "EIO"])
+def test_a_write_refused_at_any_row_loses_none_and_repeats_none(
+    train_run: RunDir, monkeypatch: pytest.MonkeyPatch, code: int, at: int
+) -> None:
+    train_run.file(OUTPUT).write_bytes(jsonl_output(FOUR_ROWS))
+    monkeypatch.setattr(metrics_sources, "append_jsonl", refusing_once(at, OSError(code, os.strerror(code))))
+    follower = MetricsFollower(train_run, "jsonl")
+    assert follower.drain() == at
+    assert rows_of(train_run) == as_written(FOUR_ROWS[:at])
+    assert not train_run.file(METRICS_SOURCE).exists()  # nothing read is counted as done before it is written
+    with open(train_run.file(OUTPUT), "ab") as fh:  # the run prints on meanwhile
+        fh.write(jsonl_output([{"step": 5, "loss": 0.5}]))
+    assert follower.drain() == len(FOUR_ROWS) - at + 1
+    follower.drain(final=True)
+    assert rows_of(train_run) == as_written([*FOUR_ROWS, {"step": 5, "loss": 0.5}])
+    [said] = errors_of(train_run)
+    assert said.startswith(f"cannot write metrics for jsonl: {os.strerror(code)}; the rows are kept and written again")
+    saved = json.loads(train_run.file(METRICS_SOURCE).read_text())
+    assert saved["offset"] == train_run.file(OUTPUT).stat().st_size
+    MetricsFollower(train_run, "jsonl").drain(final=True)  # a second supervisor writes nothing again
+    assert len(rows_of(train_run)) == len(FOUR_ROWS) + 1
+
+
+def test_rows_the_disk_still_refuses_when_the_run_ends_are_said(
+    train_run: RunDir, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    train_run.file(OUTPUT).write_bytes(jsonl_output(FOUR_ROWS))
+
+    def disk_full(path: Path, obj: object) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(metrics_sources, "append_jsonl", disk_full)
+    MetricsFollower(train_run, "jsonl").stop()
+    assert errors_of(train_run)[-1] == (
+        f"4 metric rows from jsonl, and whatever it printed after them, are not in {METRICS}: the disk still refused "
+        "them when the run ended"
+    )
+
+
+def test_a_row_json_cannot_write_is_left_out_alone(train_run: RunDir, monkeypatch: pytest.MonkeyPatch) -> None:
+    train_run.file(OUTPUT).write_bytes(jsonl_output(FOUR_ROWS))
+    monkeypatch.setattr(metrics_sources, "append_jsonl", refusing_once(1, ValueError("Circular reference detected")))
+    MetricsFollower(train_run, "jsonl").drain(final=True)
+    assert rows_of(train_run) == as_written([FOUR_ROWS[0], *FOUR_ROWS[2:]])
+    assert errors_of(train_run) == [
+        "cannot write a metrics row from jsonl: Circular reference detected; left out, the others kept"
+    ]
+
+
+def test_a_read_of_the_log_that_fails_keeps_the_rows_read_before_it(
+    train_run: RunDir, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    data = jsonl_output(FOUR_ROWS)
+    train_run.file(OUTPUT).write_bytes(data)
+    monkeypatch.setattr(metrics_sources, "READ_CHUNK", len(data) // 2 + 1)  # two rows a read
+    opened = [0]
+
+    def second_read_fails(path: Path, mode: str) -> Any:
+        opened[0] += 1
+        if opened[0] == 2:
+            raise OSError(errno.EIO, os.strerror(errno.EIO))
+        return open(path, mode)
+
+    monkeypatch.setattr(metrics_sources, "open", second_read_fails, raising=False)
+    follower = MetricsFollower(train_run, "jsonl")
+    follower.drain()
+    assert rows_of(train_run) == as_written(FOUR_ROWS[:2])
+    follower.drain(final=True)
+    assert rows_of(train_run) == as_written(FOUR_ROWS)
+    assert errors_of(train_run) == [f"reading metrics from jsonl failed: OSError: [Errno 5] {os.strerror(errno.EIO)}"]
+
+
+def test_a_line_that_is_no_row_is_counted_said_once_and_drops_no_neighbour(train_run: RunDir) -> None:
+    train_run.file(OUTPUT).write_bytes(b'{"step": 1}\n{"step": 2, \n{"step": 3}\n{"step"}\n{"step": 4}\n')
+    MetricsFollower(train_run, "jsonl").drain()
+    with open(train_run.file(OUTPUT), "ab") as fh:
+        fh.write(b'{"step": 5}\n{bad\n')
+    MetricsFollower(train_run, "jsonl").drain(final=True)  # another supervisor: it counts on, and says nothing new
+    assert [row["step"] for row in rows_of(train_run)] == [1, 3, 4, 5]
+    assert errors_of(train_run) == [
+        f"jsonl: 2 line(s) that read as no metrics row left out, the rows around them kept ({METRICS_SOURCE} counts "
+        'any more); the last: {"step"}'
+    ]
+    saved = json.loads(train_run.file(METRICS_SOURCE).read_text())
+    assert (saved["malformed_lines"], saved["last_malformed"]) == (3, "{bad")
+
+
+def test_a_line_the_parser_fails_on_costs_that_line_alone(train_run: RunDir, monkeypatch: pytest.MonkeyPatch) -> None:
+    real_make_row = metrics_sources.make_row
+
+    def fails_on_step_2(source: str, pairs: Any, *, step: int | None = None, epoch: int | None = None) -> Any:
+        if step == 2:
+            raise KeyError("a parser bug")
+        return real_make_row(source, pairs, step=step, epoch=epoch)
+
+    monkeypatch.setattr(metrics_sources, "make_row", fails_on_step_2)
+    train_run.file(OUTPUT).write_bytes(b"".join(f"step {n}: {{'loss': {n}.5}}\n".encode() for n in (1, 2, 3)))
+    MetricsFollower(train_run, "specforge").drain(final=True)
+    assert [row["step"] for row in rows_of(train_run)] == [1, 3]
+    [said] = errors_of(train_run)
+    assert said.endswith("; the last: step 2: {'loss': 2.5}")
 
 
 def test_the_thread_follows_a_growing_log(train_run: RunDir) -> None:

@@ -28,6 +28,7 @@ instead of writing every row again.
 from __future__ import annotations
 
 import ast
+import collections
 import contextlib
 import json
 import re
@@ -280,12 +281,12 @@ class LineParser:
         if pending is None:
             return []
         if pending.kind == "dict":
-            self._note_malformed(" ".join(pending.parts))
+            self.note_malformed(" ".join(pending.parts))
             return []
         row = make_row(self.source, pending.fields.items(), step=pending.step, epoch=pending.epoch)
         return [row] if row is not None else []
 
-    def _note_malformed(self, line: str) -> None:
+    def note_malformed(self, line: str) -> None:
         self.malformed += 1
         self.last_malformed = line[:200]
 
@@ -299,7 +300,7 @@ class LineParser:
         except (ValueError, RecursionError):
             value = None
         if not isinstance(value, dict):
-            self._note_malformed(line)
+            self.note_malformed(line)
             return []
         return [{**value, Metric.SOURCE: value.get(Metric.SOURCE, self.source)}]
 
@@ -317,7 +318,7 @@ class LineParser:
                 # rich wrapped the record: the rest of the dict is on the next lines.
                 self._pending = _Pending("dict", (), mark, step=int(match.group(1)), parts=[text])
             else:
-                self._note_malformed(line)
+                self.note_malformed(line)
             return out
         if _POSITION_RE.search(line):
             return self._position(line, mark)
@@ -333,7 +334,7 @@ class LineParser:
         if mapping is None:
             if text.count("{") <= text.count("}"):
                 self._pending = None
-                self._note_malformed(text)
+                self.note_malformed(text)
             return []
         self._pending = None
         row = make_row(self.source, mapping.items(), step=pending.step)
@@ -345,7 +346,7 @@ class LineParser:
             return []
         value = scalar(match.group("value"))
         if not _is_number(value):
-            self._note_malformed(line)
+            self.note_malformed(line)
             return []
         phase = match.group("phase")
         epoch = max(int(match.group("epoch")) - 1, 0) if match.group("epoch") is not None else None
@@ -434,9 +435,22 @@ class _LogReader:
         parser_state = state.get("parser")
         self.parser = LineParser(source, parser_state if isinstance(parser_state, dict) else None)
         self.pos = offset if isinstance(offset, int) and not isinstance(offset, bool) and offset >= 0 else 0
+        # Counted over the run's whole output, by every follower of it: the first one is said once.
+        malformed, last = state.get("malformed_lines"), state.get("last_malformed")
+        self.parser.malformed = malformed if isinstance(malformed, int) and not isinstance(malformed, bool) else 0
+        self.parser.last_malformed = last if isinstance(last, str) else None
 
-    def read(self, final: bool) -> list[MetricRow]:
-        rows: list[MetricRow] = []
+    @property
+    def malformed(self) -> int:
+        return self.parser.malformed
+
+    @property
+    def last_malformed(self) -> str | None:
+        return self.parser.last_malformed
+
+    def read(self, final: bool) -> Iterator[MetricRow]:
+        """The rows of the lines written since the last read, each as soon as it is found: those found before a
+        read of the log fails are the caller's to keep, and the position is past them."""
         got_lines = False
         while True:
             try:
@@ -454,15 +468,21 @@ class _LogReader:
             if cut == 0:
                 break  # a line still being written
             for match in re.finditer(rb"[^\r\n]+", data[:cut]):
-                rows += self.parser.feed(match.group().decode("utf-8", "replace"), self.pos + match.start())
+                yield from self._feed(match.group().decode("utf-8", "replace"), self.pos + match.start())
                 got_lines = True
             self.pos += cut
             if at_end:
                 break
         if final or not got_lines:
             # Quiet since the last read: what is pending is complete.
-            rows += self.parser.flush()
-        return rows
+            yield from self.parser.flush()
+
+    def _feed(self, line: str, mark: int) -> list[MetricRow]:
+        try:
+            return self.parser.feed(line, mark)
+        except Exception:  # a parser bug costs the line it met, never the lines around it
+            self.parser.note_malformed(line)
+            return []
 
     def state(self) -> dict[str, object]:
         mark = self.parser.pending_mark
@@ -485,8 +505,7 @@ class _EventFile:
         self.pending: MetricRow = {}
         self.pending_step: int | None = None
 
-    def read(self, final: bool) -> list[MetricRow]:
-        rows: list[MetricRow] = []
+    def read(self, final: bool) -> Iterator[MetricRow]:
         got_events = False
         for event in self.loader.Load():
             self.seen += 1
@@ -499,13 +518,12 @@ class _EventFile:
                     self.committed = self.seen
                 continue
             if self.pending_step is not None and self.pending_step != event.step:
-                rows += self._flush(self.seen - 1)
+                yield from self._flush(self.seen - 1)
             if self.pending_step is None:
                 self.pending_step = int(event.step)
             self.pending.update(values)
         if final or not got_events:
-            rows += self._flush(self.seen)
-        return rows
+            yield from self._flush(self.seen)
 
     def _flush(self, committed: int) -> list[MetricRow]:
         row = None
@@ -544,6 +562,9 @@ def _scalars(event: Any) -> Iterator[tuple[str, float | int]]:
 class _EventFolder:
     """Every event file under a folder, new files included, each followed as it grows."""
 
+    malformed = 0  # TensorBoard's loader reads records whole or not at all: no line is ever half a row
+    last_malformed: str | None = None
+
     def __init__(self, folder: Path, state: Mapping[str, object]) -> None:
         # Imported here, so that only tensorboard sources need TensorBoard, and it fails once, not at every poll.
         from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
@@ -556,17 +577,15 @@ class _EventFolder:
         }
         self.files: dict[str, _EventFile] = {}
 
-    def read(self, final: bool) -> list[MetricRow]:
-        rows: list[MetricRow] = []
+    def read(self, final: bool) -> Iterator[MetricRow]:
         paths = sorted(self.folder.rglob("events.out.tfevents.*")) if self.folder.is_dir() else []
         for path in paths:
             name = path.relative_to(self.folder).as_posix()
             if name not in self.files:
                 self.files[name] = _EventFile(self.loader_class(str(path)), self.resume.get(name, 0))
-            rows += self.files[name].read(final)
+            yield from self.files[name].read(final)
         if final and not self.files:
             raise SourceProblem(f"no TensorBoard event files (events.out.tfevents.*) under {self.folder}")
-        return rows
 
     def state(self) -> dict[str, object]:
         return {"files": {**self.resume, **{name: f.committed for name, f in self.files.items()}}}
@@ -584,6 +603,11 @@ class MetricsFollower:
     (the last, unterminated line included). `drain()` is one such read, for
     callers that want no thread. Problems are recorded as `metrics_error`
     events; they never stop the supervisor.
+
+    No row is lost to a write that fails: rows read wait in memory, in order,
+    until each is in metrics.jsonl, and how far the source was read is recorded
+    only once every row before that point is. While the disk refuses them,
+    nothing more is read: the source keeps what follows.
     """
 
     def __init__(self, run: RunDir, source: str, *, cwd: Path | None = None, interval: float = POLL_S) -> None:
@@ -597,7 +621,10 @@ class MetricsFollower:
         self._stopping = threading.Event()
         self._last_state: object = None
         self._last_error: str | None = None
+        self._unwritten: collections.deque[MetricRow] = collections.deque()  # read, not yet in metrics.jsonl
+        self._malformed_told = False
         self.left_out = 0  # values read that are not metric values (text, lists...), never written as metrics
+        self.unwritable = 0  # rows JSON cannot write (none of ours should be): each left out alone
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._loop, name="metrics-follower", daemon=True)
@@ -610,34 +637,77 @@ class MetricsFollower:
             self._thread.join()
             self._thread = None
         self.drain(final=True)
+        if self._unwritten:
+            self._report(
+                f"{len(self._unwritten)} metric rows from {self.source}, and whatever it printed after them, are "
+                f"not in {METRICS}: the disk still refused them when the run ended"
+            )
 
     def drain(self, final: bool = False) -> int:
-        """Read what is new, append its rows and record how far we got; the number of rows."""
+        """Write the rows an earlier drain could not, then read what is new and write its rows; record how far
+        the source was read once all of them are written. The number of rows written."""
         reader = self._open()
         if reader is None:
             return 0
+        written = self._write()
+        if self._unwritten:
+            return written  # the disk still refuses: read no more until it takes these
+        self._read(reader, final)
+        written += self._write()
+        if not self._unwritten:
+            self._commit(reader)
+        return written
+
+    def _read(self, reader: _LogReader | _EventFolder, final: bool) -> None:
+        """Rows from the source onto the unwritten ones; those found before a failure are kept."""
         try:
-            rows = reader.read(final)
+            for row in reader.read(final):
+                kept = self._numbers_only(row)
+                if kept is not None:
+                    self._unwritten.append(kept)
         except SourceProblem as exc:
             self._report(str(exc))
-            return 0
         except Exception as exc:  # a reader bug must not take the supervisor down with it
             self._report(f"reading metrics from {self.source} failed: {type(exc).__name__}: {exc}")
-            return 0
+        if reader.malformed and not self._malformed_told:
+            self._malformed_told = True
+            self._report(
+                f"{self.source}: {reader.malformed} line(s) that read as no metrics row left out, the rows around "
+                f"them kept ({METRICS_SOURCE} counts any more); the last: {reader.last_malformed}"
+            )
+
+    def _write(self) -> int:
+        """Append the unwritten rows in order, each once, up to the first the disk refuses; how many were."""
         written = 0
-        try:
-            for row in filter(None, map(self._numbers_only, rows)):
-                append_jsonl(self.run.file(METRICS), row)
+        while self._unwritten:
+            try:
+                append_jsonl(self.run.file(METRICS), self._unwritten[0])
+            except OSError as exc:  # append_jsonl writes a line whole or not at all: this row is tried again
+                self._report(
+                    f"cannot write metrics for {self.source}: {exc.strerror or exc}; the rows are kept and "
+                    f"written again every {self.interval:g} s while the run runs"
+                )
+                break
+            except (ValueError, RecursionError) as exc:  # a row JSON cannot write: it alone is left out
+                self.unwritable += 1
+                if self.unwritable == 1:
+                    self._report(f"cannot write a metrics row from {self.source}: {exc}; left out, the others kept")
+            else:
                 written += 1
-            state = {"source": self.source, **reader.state()}
-            if state != self._last_state:
-                atomic_write_json(self.run.file(METRICS_SOURCE), state)
-                self._last_state = state
-        except OSError as exc:
-            self._report(f"cannot write metrics for {self.source}: {exc.strerror or exc}")
-        except (ValueError, RecursionError) as exc:  # a row json cannot write (too deep a dict)
-            self._report(f"cannot write a metrics row from {self.source}: {exc}")
+            self._unwritten.popleft()
         return written
+
+    def _commit(self, reader: _LogReader | _EventFolder) -> None:
+        """How far the source was read, for a later follower to resume there: every row before it is written."""
+        state = {"source": self.source, **reader.state()}
+        if state == self._last_state:
+            return
+        try:
+            atomic_write_json(self.run.file(METRICS_SOURCE), state)
+        except OSError as exc:  # tried again at the next drain: the state still differs
+            self._report(f"cannot record how far metrics from {self.source} were read: {exc.strerror or exc}")
+            return
+        self._last_state = state
 
     def _numbers_only(self, row: MetricRow) -> MetricRow | None:
         """The row without its values that are not metric values (None when they were all it had); the first one
@@ -669,6 +739,8 @@ class MetricsFollower:
         except ImportError as exc:
             self._unreadable = True
             self._report(f"cannot read metrics from {self.source}: {exc}; install tensorboard on this host")
+            return None
+        self._malformed_told = self._reader.malformed > 0  # told by the follower that met the first
         return self._reader
 
     def _loop(self) -> None:
