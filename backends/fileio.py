@@ -22,9 +22,21 @@ PRIVATE_FILE = 0o600
 
 
 def private_dir(path: Path) -> None:
-    """Make `path` (and missing parents) a folder only its owner can enter."""
-    path.mkdir(mode=PRIVATE_DIR, parents=True, exist_ok=True)
-    if path.stat().st_mode & 0o777 != PRIVATE_DIR:
+    """Make `path` (and missing parents) a folder only its owner can enter.
+
+    A new folder is 700 whatever the umask. An existing one loses what others may do and keeps what its owner
+    chose: one the owner made read-only (500) stays so, and a write into it fails with the system's own error
+    (Permission denied) rather than being quietly allowed again.
+    """
+    try:
+        path.mkdir(mode=PRIVATE_DIR, parents=True)
+    except FileExistsError:
+        if not path.is_dir():
+            raise
+        mode = path.stat().st_mode & 0o777
+        if mode & ~PRIVATE_DIR:
+            os.chmod(path, mode & PRIVATE_DIR)
+    else:
         os.chmod(path, PRIVATE_DIR)
 
 

@@ -18,16 +18,14 @@ from console.link.client import AgentClient
 from console.link.local import LocalTransport
 from console.link.transport import AgentError
 from tests.conftest import run_state, wait_for
+from tests.ordinary_user import as_ordinary_user, ordinary_folder
 
 
-async def raw_exchange(workdir: Path, lines: list[bytes]) -> list[dict]:  # type: ignore[type-arg]
-    """Send raw lines to a fresh agent and collect one reply per line."""
+async def raw_exchange(workdir: Path, lines: list[bytes], ordinary_user: bool = False) -> list[dict]:  # type: ignore[type-arg]
+    """Send raw lines to a fresh agent (run by an ordinary user, if asked) and collect one reply per line."""
+    argv = [sys.executable, "-m", "backends.agent", "--workdir", str(workdir)]
     proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "backends.agent",
-        "--workdir",
-        str(workdir),
+        *(as_ordinary_user(argv) if ordinary_user else argv),
         stdin=asyncio.subprocess.PIPE,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
@@ -105,17 +103,20 @@ async def test_unwritable_store_fails_launch_clearly_and_keeps_serving(client: A
     assert [r["id"] for r in status["runs"]] == [good["run"]]
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root ignores permission bits; the blocked-path test covers root")
-async def test_read_only_workdir_fails_launch(client: AgentClient, workdir: Path) -> None:
-    workdir.mkdir(parents=True)
-    workdir.chmod(0o500)
-    try:
-        with pytest.raises(AgentError) as err:
-            await client.request("launch", kind="command", argv=["true"])
-        assert "Permission denied" in err.value.message
-        assert (await client.request("hello"))["version"] == protocol.PROTOCOL_VERSION
-    finally:
-        workdir.chmod(0o700)
+async def test_a_read_only_workdir_fails_launch_with_the_systems_error_and_the_agent_keeps_serving(
+    tmp_path: Path,
+) -> None:
+    workdir = ordinary_folder(tmp_path)
+    workdir.chmod(0o500)  # its owner's choice, which the store keeps
+    asks = [
+        protocol.request_line(1, "launch", {"kind": "command", "argv": ["true"]}),
+        protocol.request_line(2, "hello", {}),
+    ]
+    launched, hello = await raw_exchange(workdir, asks, ordinary_user=True)
+    assert launched.get("error", {}).get("code") == "store", launched
+    assert f"{workdir}: Permission denied;" in launched["error"]["message"]
+    assert hello["result"]["version"] == protocol.PROTOCOL_VERSION
+    assert (workdir.stat().st_mode & 0o777, os.listdir(workdir)) == (0o500, [])
 
 
 async def test_run_survives_agent_kill_9_and_a_new_agent_sees_it(workdir: Path, nvml_state: Path) -> None:

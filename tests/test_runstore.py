@@ -44,6 +44,7 @@ from backends.runs.store import (
     new_run_id,
     progress_of,
 )
+from tests.ordinary_user import ordinary_folder, run_as_ordinary_user
 
 Y2000 = 946_684_800.0
 Y2100 = 4_102_444_800.0
@@ -510,33 +511,42 @@ def test_create_failure_leaves_no_half_made_run(tmp_path: Path, monkeypatch: pyt
     assert store.ids() == []
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root ignores permission bits; the blocked-path test covers this")
-def test_create_in_a_read_only_workdir_says_to_choose_another_workdir(tmp_path: Path) -> None:
-    workdir = tmp_path / "wd"
+def refuses_a_read_only_workdir(folder: Path) -> None:
+    workdir = folder / "wd"
     workdir.mkdir()
-    workdir.chmod(0o500)
+    workdir.chmod(0o500)  # its owner's choice: the store keeps it, and says what the system refused
     try:
         with pytest.raises(StoreError) as info:
             RunStore(workdir).create(train_spec())
-        assert "--workdir" in str(info.value)
-        assert "ermission" in str(info.value)
+        said = str(info.value)
+        assert f"{workdir}: Permission denied;" in said and "--workdir" in said, said
+        assert workdir.stat().st_mode & 0o777 == 0o500
     finally:
         workdir.chmod(0o700)
     assert os.listdir(workdir) == []
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root ignores permission bits; the blocked-path test covers this")
-def test_create_in_a_read_only_runs_folder_keeps_other_runs(tmp_path: Path) -> None:
-    store = RunStore(tmp_path / "wd")
+def test_create_in_a_read_only_workdir_says_what_was_refused_and_keeps_it_read_only(tmp_path: Path) -> None:
+    run_as_ordinary_user(refuses_a_read_only_workdir, ordinary_folder(tmp_path))
+
+
+def refuses_a_read_only_runs_folder(folder: Path) -> None:
+    store = RunStore(folder / "wd")
     old = store.create(train_spec("old"))
     store.runs.chmod(0o500)
     try:
-        with pytest.raises(StoreError, match="--workdir"):
+        with pytest.raises(StoreError) as info:
             store.create(train_spec("new"))
+        said = str(info.value)
+        assert f"{store.runs}: Permission denied;" in said and "--workdir" in said, said
         assert store.ids() == [old.id]
         assert store.get("old").spec().name == "old"
     finally:
         store.runs.chmod(0o700)
+
+
+def test_create_in_a_read_only_runs_folder_keeps_other_runs(tmp_path: Path) -> None:
+    run_as_ordinary_user(refuses_a_read_only_runs_folder, ordinary_folder(tmp_path))
 
 
 # --- derive_state with real processes ----------------------------------------------------------

@@ -593,6 +593,17 @@ def _record_lost(run: RunDir) -> None:
             run.append_event("state", state="lost")
 
 
+def _refused(exc: OSError) -> str:
+    """The system's error and where: the nearest existing of the path it names and that path's parents, since
+    a folder or file that could not be made was refused by the folder it was to go in."""
+    if exc.filename is None:
+        return str(exc.strerror or exc)
+    where = Path(os.fsdecode(exc.filename))
+    while not where.exists() and where.parent != where:
+        where = where.parent
+    return f"{where}: {exc.strerror}"
+
+
 class RunStore:
     def __init__(self, workdir: Path) -> None:
         self.workdir = workdir.expanduser()
@@ -647,7 +658,7 @@ class RunStore:
                     "or choose another --workdir"
                 ) from None
             raise StoreError(
-                f"cannot write the run store at {self.runs}: {exc.strerror or exc}; "
+                f"cannot write the run store at {self.runs}: {_refused(exc)}; "
                 "fix its permissions or choose another --workdir"
             ) from None
         return RunDir(path)
