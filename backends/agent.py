@@ -317,11 +317,53 @@ class Agent:
         """One run whole: every field that `status` cuts to keep its reply bounded."""
         return self.store.get(run).info()
 
-    async def op_launch(self, launch_id: str | None, **args: Any) -> dict[str, Any]:
+    async def op_launch(
+        self,
+        kind: str,
+        argv: list[Any],
+        name: str | None,
+        env: dict[str, Any],
+        cwd: str | None,
+        gpus: list[Any],
+        health_url: str | None,
+        metrics_url: str | None,
+        sglang_python: str | None,
+        stall_after: float | None,
+        module: str | None,
+        python: str | None,
+        nproc: int | None,
+        metrics_from: str | None,
+        force: bool,
+        job: str | None,
+        node_rank: int | None,
+        nnodes: int | None,
+        rendezvous: str | None,
+        launch_id: str | None,
+    ) -> dict[str, Any]:
         async def start() -> dict[str, Any]:
-            spec = runctl.checked_spec(args, self.cwd)
-            spec.launch_id = launch_id
-            checked = await asyncio.to_thread(runctl.gate, spec, args["force"])
+            spec = runctl.checked_spec(
+                self.cwd,
+                kind=kind,
+                argv=argv,
+                name=name,
+                env=env,
+                cwd=cwd,
+                gpus=gpus,
+                health_url=health_url,
+                metrics_url=metrics_url,
+                sglang_python=sglang_python,
+                stall_after=stall_after,
+                module=module,
+                python=python,
+                nproc=nproc,
+                metrics_from=metrics_from,
+                job=job,
+                node_rank=node_rank,
+                nnodes=nnodes,
+                rendezvous=rendezvous,
+                launch_id=launch_id,
+            )
+            checked = await asyncio.to_thread(runctl.gate, spec, force)
             return await asyncio.to_thread(runctl.launch, self.store, spec, checked)
 
         return await self._once(launch_id, start, lambda _run: {})

@@ -4,7 +4,10 @@ agent's."""
 
 from __future__ import annotations
 
+import ast
 import inspect
+import textwrap
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -49,11 +52,56 @@ def test_every_agent_handler_is_an_operation_of_the_protocol() -> None:
     assert handlers == set(protocol.OPS)
 
 
+OURS = ("backends.", "console.")  # the modules whose functions are followed
+
+
+def unread(function: Callable[..., Any], names: set[str], seen: frozenset[object] = frozenset()) -> set[str]:
+    """Of `names` (parameters of `function`), those it never reads. A parameter passed on by keyword to a
+    function of ours is read only where that function reads it in turn; anything else it is used for reads it."""
+    tree = ast.parse(textwrap.dedent(inspect.getsource(function)))
+    passed_on: dict[str, list[tuple[Callable[..., Any], str]]] = {}
+    passed_nodes: set[int] = set()
+    for call in (node for node in ast.walk(tree) if isinstance(node, ast.Call)):
+        callee = named(call.func, function.__globals__)
+        if not inspect.isfunction(callee) or not callee.__module__.startswith(OURS) or callee in seen:
+            continue
+        for keyword in call.keywords:
+            if keyword.arg is not None and isinstance(keyword.value, ast.Name) and keyword.value.id in names:
+                passed_on.setdefault(keyword.value.id, []).append((callee, keyword.arg))
+                passed_nodes.add(id(keyword.value))
+    loaded = {
+        node.id
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load) and id(node) not in passed_nodes
+    }
+    return {
+        name
+        for name in names - loaded
+        if all(unread(callee, {arg}, seen | {function}) for callee, arg in passed_on.get(name, []))
+    }
+
+
+def named(expr: ast.expr, scope: dict[str, Any]) -> Any:
+    """What `expr` names in `scope`, when it is a name or names joined by dots; else None."""
+    if isinstance(expr, ast.Name):
+        return scope.get(expr.id)
+    if isinstance(expr, ast.Attribute):
+        owner = named(expr.value, scope)
+        return getattr(owner, expr.attr, None) if owner is not None else None
+    return None
+
+
 @pytest.mark.parametrize("op", sorted(protocol.OPS))
-def test_the_agent_handler_takes_the_schemas_arguments(op: str) -> None:
+def test_the_agent_handler_takes_the_schemas_arguments_by_name(op: str) -> None:
     handler = getattr(Agent, f"op_{op}")
-    takes_any = any(p.kind is p.VAR_KEYWORD for p in inspect.signature(handler).parameters.values())
-    assert takes_any or set(arguments(handler)) == set(protocol.OPS[op])
+    rest = [p.name for p in inspect.signature(handler).parameters.values() if p.kind is p.VAR_KEYWORD]
+    assert not rest, f"op_{op} takes **{rest[0]}: name each argument, or one no code reads passes unseen"
+    assert set(arguments(handler)) == set(protocol.OPS[op])
+
+
+@pytest.mark.parametrize("op", sorted(protocol.OPS))
+def test_every_argument_of_the_schema_is_read_by_its_handler(op: str) -> None:
+    assert unread(getattr(Agent, f"op_{op}"), set(protocol.OPS[op])) == set()
 
 
 @pytest.mark.parametrize("op", sorted(protocol.OPS))

@@ -42,14 +42,15 @@ def test_a_node_record_takes_no_other_shape() -> None:
 
 
 def launch_args(**given: Any) -> dict[str, Any]:
-    """A launch request's arguments as the agent receives them: the protocol's defaults, then `given`."""
-    base = {name: copy.deepcopy(default) for name, (_, _, default) in OPS["launch"].items()}
+    """A launch request's arguments as the agent receives them, less `force` (the gate's): the protocol's
+    defaults, then `given`."""
+    base = {name: copy.deepcopy(default) for name, (_, _, default) in OPS["launch"].items() if name != "force"}
     return {**base, "kind": "train", "argv": ["--steps", "1"], **given}
 
 
 def test_a_node_of_our_training_runs_torchrun_at_the_rendezvous_in_its_host_order() -> None:
     spec = checked_spec(
-        launch_args(module="backends.train", job="j1", node_rank=1, nnodes=2, rendezvous="10.0.0.1:29400"), None
+        None, **launch_args(module="backends.train", job="j1", node_rank=1, nnodes=2, rendezvous="10.0.0.1:29400")
     )
     assert spec.job == {"id": "j1", "node_rank": 1, "nnodes": 2}
     launcher = spec.argv[spec.argv.index("torch.distributed.run") + 1 : spec.argv.index("backends.train") - 1]
@@ -66,7 +67,7 @@ def test_a_node_of_our_training_runs_torchrun_at_the_rendezvous_in_its_host_orde
 
 
 def test_a_command_of_the_users_is_recorded_as_a_node_without_touching_its_argv() -> None:
-    spec = checked_spec(launch_args(kind="command", argv=["./run.sh"], job="j", node_rank=0, nnodes=3), None)
+    spec = checked_spec(None, **launch_args(kind="command", argv=["./run.sh"], job="j", node_rank=0, nnodes=3))
     assert (spec.argv, spec.job) == (["./run.sh"], {"id": "j", "node_rank": 0, "nnodes": 3})
 
 
@@ -84,7 +85,7 @@ def test_a_command_of_the_users_is_recorded_as_a_node_without_touching_its_argv(
 )
 def test_a_node_named_badly_is_refused_before_anything_starts(given: dict[str, Any], said: str) -> None:
     with pytest.raises(OpError, match=said):
-        checked_spec(launch_args(**given), None)
+        checked_spec(None, **launch_args(**given))
 
 
 def test_the_rendezvous_address_is_the_one_the_console_reached_and_the_port_is_free() -> None:

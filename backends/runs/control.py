@@ -33,7 +33,8 @@ from backends.protocol import (
     PreflightResult,
     StacksResult,
 )
-from backends.runs import job, preflight, stages, watch
+from backends.runs import preflight, stages, watch
+from backends.runs.job import node_of, torchrun_args
 from backends.runs.store import OUTPUT, STACKS, RunDir, RunSpec, RunStore, StoreError
 
 LAUNCH_CONFIRM_S = 5.0
@@ -339,38 +340,62 @@ def owner_of(pid: int, owners: dict[int, str]) -> str | None:
     return None
 
 
-def checked_spec(args: dict[str, Any], cwd_default: str | None) -> RunSpec:
-    """A RunSpec from launch arguments; OpError("bad_args") when they make no sense."""
-    env = dict(args["env"])
-    argv = list(args["argv"])
+def checked_spec(
+    cwd_default: str | None,
+    *,
+    kind: str,
+    argv: list[Any],
+    name: str | None,
+    env: dict[str, Any],
+    cwd: str | None,
+    gpus: list[Any],
+    health_url: str | None,
+    metrics_url: str | None,
+    sglang_python: str | None,
+    stall_after: float | None,
+    module: str | None,
+    python: str | None,
+    nproc: int | None,
+    metrics_from: str | None,
+    job: str | None,
+    node_rank: int | None,
+    nnodes: int | None,
+    rendezvous: str | None,
+    launch_id: str | None,
+) -> RunSpec:
+    """A RunSpec from a launch's arguments (the protocol's `launch`, force aside); OpError("bad_args") when they
+    make no sense."""
+    env = dict(env)
+    argv = list(argv)
     try:
-        node = job.node_of(args)
-        if args["module"] is not None:
-            if node and node["nnodes"] > 1 and not args["rendezvous"]:
+        node = node_of(job, node_rank, nnodes, rendezvous)
+        if module is not None:
+            if node and node["nnodes"] > 1 and not rendezvous:
                 raise ValueError("a node of a job of our stages meets the others at a rendezvous: give HOST:PORT")
-            node_args = job.torchrun_args(node, args["rendezvous"]) if node and args["rendezvous"] else []
-            argv = stages.module_argv(args["python"] or sys.executable, args["module"], argv, args["nproc"], node_args)
+            node_args = torchrun_args(node, rendezvous) if node and rendezvous else []
+            argv = stages.module_argv(python or sys.executable, module, argv, nproc, node_args)
     except ValueError as exc:
         raise OpError("bad_args", str(exc)) from None
-    if args["module"] is not None:
+    if module is not None:
         # The child runs in the user's folder, yet must import our package.
         inherited = env.get("PYTHONPATH", os.environ.get("PYTHONPATH"))
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PACKAGE_ROOT), inherited]))
-    elif any(args[key] is not None for key in ("nproc", "python", "rendezvous")):
+    elif any(value is not None for value in (nproc, python, rendezvous)):
         raise OpError("bad_args", "nproc, python and rendezvous go with one of our modules (extract, train)")
     spec = RunSpec(
-        kind=args["kind"],
+        kind=kind,
         argv=argv,
-        name=args["name"] or "",
+        name=name or "",
         env=env,
-        cwd=args["cwd"] or cwd_default,
-        gpus=list(args["gpus"]),
-        health_url=args["health_url"],
-        metrics_url=args["metrics_url"],
-        sglang_python=args["sglang_python"],
-        stall_after=args["stall_after"],
-        metrics_from=args["metrics_from"],
+        cwd=cwd or cwd_default,
+        gpus=list(gpus),
+        health_url=health_url,
+        metrics_url=metrics_url,
+        sglang_python=sglang_python,
+        stall_after=stall_after,
+        metrics_from=metrics_from,
         job=node,
+        launch_id=launch_id,
     )
     try:
         spec.validate()

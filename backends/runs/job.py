@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import re
 import socket
-from typing import Any
 
 from backends.protocol import JobNode
 
@@ -34,16 +33,15 @@ def node_problem(data: object) -> str | None:
     return None
 
 
-def node_of(args: dict[str, Any]) -> JobNode | None:
-    """The launch arguments' node (ValueError when they name one badly); None for a run of one node."""
-    given = [args.get(key) is not None for key in ("job", "node_rank", "nnodes")]
-    if not any(given):
-        if args.get("rendezvous") is not None:
+def node_of(job: str | None, node_rank: int | None, nnodes: int | None, rendezvous: str | None) -> JobNode | None:
+    """The node a launch's arguments name (ValueError when they name one badly); None for a run of one node."""
+    if job is None and node_rank is None and nnodes is None:
+        if rendezvous is not None:
             raise ValueError("rendezvous goes with a job: give job, node_rank and nnodes too")
         return None
-    if not all(given):
+    if job is None or node_rank is None or nnodes is None:
         raise ValueError("a node of a job needs job, node_rank and nnodes together")
-    node: JobNode = {"id": args["job"], "node_rank": args["node_rank"], "nnodes": args["nnodes"]}
+    node: JobNode = {"id": job, "node_rank": node_rank, "nnodes": nnodes}
     problem = node_problem(node)
     if problem is not None:
         raise ValueError(problem)
