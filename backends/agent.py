@@ -74,6 +74,7 @@ from backends.runs.store import (
     RunNotFound,
     RunStore,
     StoreError,
+    record_lost,
 )
 from backends.runs.visible_devices import visible_devices
 
@@ -165,6 +166,7 @@ class Agent:
         self.cwd = os.getcwd()
         self._looking = asyncio.Lock()
         self._next_look_at = 0.0
+        self._lost_recorded: set[str] = set()  # runs this agent recorded as lost
 
     # ----- plumbing -----
     async def send(self, msg: dict[str, Any], op: str = "") -> None:
@@ -256,6 +258,14 @@ class Agent:
         except Exception as exc:  # a bug must cost one request, never the agent
             await self.send(protocol.error_reply(request_id, "internal", f"{type(exc).__name__}: {exc}"))
 
+    def _noticed(self, run: RunDir, state: str) -> None:
+        """Record `lost` for a run found so (`record_lost`): its supervisor, which records every other state, died
+        without a word, and no process of the run is left to say it. Reading its state writes nothing: the agent,
+        which finds it, records it, once in its life (the store keeps one)."""
+        if state == "lost" and run.id not in self._lost_recorded:
+            self._lost_recorded.add(run.id)
+            record_lost(run)
+
     async def dispatch(self, request: Request) -> Any:
         handler = getattr(self, f"op_{request.op}")
         return await handler(**request.args)
@@ -281,6 +291,7 @@ class Agent:
                 info = run.info()
             except Exception as exc:  # whatever one run's files hold costs that run's row, never the status
                 info = run.corrupt_info("?", f"cannot be read ({type(exc).__name__}: {exc})")
+            self._noticed(run, info["state"])
             infos.append(bounded_info(info))
         return within_budget(infos)
 
@@ -315,7 +326,10 @@ class Agent:
 
     async def op_run_info(self, run: str) -> RunInfo:
         """One run whole: every field that `status` cuts to keep its reply bounded."""
-        return self.store.get(run).info()
+        rundir = self.store.get(run)
+        info = rundir.info()
+        self._noticed(rundir, info["state"])
+        return info
 
     async def op_launch(
         self,
@@ -546,12 +560,14 @@ class Agent:
         except FileNotFoundError:
             raise runctl.OpError("no_output", f"run {rundir.id} has no {OUTPUT} (removed?)") from None
         data = read_bytes(path, offset, min(max_bytes, FRAME_BYTES))
+        state = rundir.state()
+        self._noticed(rundir, state)
         return {
             "offset": offset,
             "next_offset": offset + len(data),
             "size": size,
             "data_b64": base64.b64encode(data).decode(),
-            "state": rundir.state(),
+            "state": state,
         }
 
     async def op_metrics(self, run: str, offset: int) -> MetricsResult:
@@ -631,6 +647,7 @@ class Agent:
             )
             return moved
         state = sub.run.state()
+        self._noticed(sub.run, state)
         if state != sub.last_state:
             sub.last_state = state
             await self.send(protocol.stream_message(sub.id, "state", {"run": sub.run.id, "state": state}))

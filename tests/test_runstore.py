@@ -761,9 +761,10 @@ def test_a_lost_run_keeps_its_fate_after_a_power_cut_tore_its_last_event(
     run = state_run(tmp_path, created_at=AN_HOUR_AGO, proc=proc, events=[{"t": 2.0, "type": "launched"}])
     with run.file(EVENTS).open("ab") as fh:
         fh.write(torn)
-    for _ in range(2):  # the first status records `lost`, the next one reads it back
+    for _ in range(2):  # the agent that finds it lost records it, once; the next look reads it back
         assert run.info()["state"] == "lost"
         assert run.info()["corrupt"] is None
+        runstore.record_lost(run)
     events = run.events()
     assert [e["type"] for e in events] == ["launched", "torn", "state"]
     assert events[1]["bytes"] == len(torn) and events[2]["state"] == "lost"

@@ -19,6 +19,7 @@ whether the recorded processes are still the same processes.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import math
 import os
@@ -26,7 +27,7 @@ import re
 import secrets
 import shutil
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, TypeGuard
@@ -544,22 +545,22 @@ def disk_full_diagnosis(ended: dict[str, Any]) -> list[Diagnosis]:
 def signalled_by_us(run: RunDir, before: float | None = None) -> bool:
     """Whether we signalled the run (kill, free-gpus) before `before`: a signal sent to what was left
     of a run after it ended does not change how it ended."""
+    return signalled_in(run.events(), before)
+
+
+def signalled_in(events: list[dict[str, Any]], before: float | None = None) -> bool:
     return any(
-        e.get("type") == "signal" and (before is None or (_is_number(e.get("t")) and e["t"] <= before))
-        for e in run.events()
+        e.get("type") == "signal" and (before is None or (_is_number(e.get("t")) and e["t"] <= before)) for e in events
     )
 
 
 def derive_state(run: RunDir, watch: dict[str, Any] | None = None) -> str:
-    """The run's state from its files and a liveness check of its processes (`watch`: watch.json, if read)."""
+    """The run's state from its files and a liveness check of its processes (`watch`: watch.json, if read). Only
+    reads: `lost` is recorded by the agent that sees it (`record_lost`). events.jsonl is read once at most."""
+    events = functools.cache(run.events)
     ended = run.exit()
     if ended is not None:
-        if ended.get("error"):
-            return "failed"
-        ended_at = ended.get("ended_at")
-        if signalled_by_us(run, ended_at if _is_number(ended_at) else None):
-            return "killed"
-        return "exited" if ended.get("code") == 0 else "failed"
+        return _ended_state(ended, events)
     proc = run.proc()  # read once: it names both processes
     child = procinfo.ProcIdentity.from_json(proc.get("child"))
     supervisor = procinfo.ProcIdentity.from_json(proc.get("supervisor"))
@@ -568,7 +569,7 @@ def derive_state(run: RunDir, watch: dict[str, Any] | None = None) -> str:
         watched = (run.watch() if watch is None else watch).get("state")
         alive = supervisor is not None and procinfo.is_alive(supervisor)
         return watched if alive and watched in ("ready", "stalled") else "running"
-    if child is not None and signalled_by_us(run):
+    if child is not None and signalled_in(events()):
         # Our signal ended the child; its supervisor (stopped, or gone) has not written exit.json.
         return "killed"
     if supervisor is not None and procinfo.is_alive(supervisor):
@@ -578,18 +579,31 @@ def derive_state(run: RunDir, watch: dict[str, Any] | None = None) -> str:
         created = run.spec().created_at
         if time.time() - created < SUPERVISOR_START_TIMEOUT_S:
             return "starting"
-    if run.exit() is not None:
+    if (ended := run.exit()) is not None:
         # The supervisor wrote exit.json and left while we looked: the run ended normally.
-        return derive_state(run)
-    # The supervisor is gone without writing exit.json: the exit is unknown.
-    _record_lost(run)
+        return _ended_state(ended, events)
+    # The supervisor is gone without writing exit.json: the exit is unknown. Only a run whose events read whole
+    # is `lost`: a corrupt events.jsonl makes it `corrupt`.
+    events()
     return "lost"
 
 
-def _record_lost(run: RunDir) -> None:
-    """`lost` is the one state nobody is alive to write: whoever first sees it records it, once."""
-    if not any(e.get("type") == "state" and e.get("state") == "lost" for e in run.events()):
-        with contextlib.suppress(OSError):  # a read-only store still answers status
+def _ended_state(ended: dict[str, Any], events: Callable[[], list[dict[str, Any]]]) -> str:
+    """The state exit.json tells, with our signals (from `events`) telling a kill from a failure."""
+    if ended.get("error"):
+        return "failed"
+    ended_at = ended.get("ended_at")
+    if signalled_in(events(), ended_at if _is_number(ended_at) else None):
+        return "killed"
+    return "exited" if ended.get("code") == 0 else "failed"
+
+
+def record_lost(run: RunDir) -> None:
+    """`lost` in the run's events, once. Its supervisor, which owns the run's fate and records every other
+    state, is gone without a word: the agent that finds the run lost writes it, in its place. A store it
+    cannot write still answers status."""
+    with contextlib.suppress(OSError, CorruptFile):
+        if not any(e.get("type") == "state" and e.get("state") == "lost" for e in run.events()):
             run.append_event("state", state="lost")
 
 
