@@ -27,7 +27,7 @@ from console.cli.output import EXIT_FAILED, EXIT_OK, doctor_text, dump, failed, 
 from console.fleet import jobs
 from console.fleet.hosts import Fleet, Member, host_json
 from console.link.client import AgentClient, reconnect_and_say
-from console.link.transport import AgentError, AgentOps, TransportError
+from console.link.transport import AgentError, AgentOps, TransportError, lasting
 
 # What a command that works on the fleet does, given it, its options and its tail; its exit code.
 FleetHandler = Callable[[Fleet, argparse.Namespace, list[str]], Awaitable[int]]
@@ -208,7 +208,7 @@ async def watch(member: Member, ns: argparse.Namespace) -> None:
     """The host's changes of state, each line labelled with the host, until Ctrl-C; a host down (at the start
     too) or not answering is said and reconnected with backoff while the others go on. A failure retrying
     cannot help (a refused host key; a link lost the same way right after each of three reconnects, as one
-    host's watch alone would stop) is said, and ends this host's watch only."""
+    host's watch alone would stop; a status the agent refuses) is said, and ends this host's watch only."""
     try:
         try:
             await member.client.start()
@@ -219,7 +219,7 @@ async def watch(member: Member, ns: argparse.Namespace) -> None:
             await member.client.reconnect_until_back(lambda _exc: None)
             member.say("reached")
         await watch_runs(member.client, ns.interval, ns.json, member.say, member.name)
-    except TransportError as exc:
+    except (AgentError, TransportError) as exc:
         member.error, member.error_at = str(exc), time.time()
         member.say(f"{exc}; no longer watched (the other hosts go on)")
 
@@ -316,14 +316,25 @@ async def launch_job(fleet: Fleet, ns: argparse.Namespace, what: actions.Ours) -
 async def watch_runs(
     client: AgentClient, interval: float, as_json: bool, say: Callable[[str], None], host: str | None = None
 ) -> None:
-    """Look every `interval` s and print what changed; `host` labels each line and run (several hosts)."""
+    """Look every `interval` s and print what changed; `host` labels each line and run (several hosts). A lost link
+    is reconnected, a status the agent failed to give asked again (each said); one it refuses for good is raised."""
     states: dict[str, str] | None = None
+    told: str | None = None  # the failure of the agent's last said: said again only when it changes
     while True:
         try:
             runs = (await client.status(gpus=False))["runs"]
         except TransportError as exc:
             await reconnect_and_say(client, say, str(exc), "changes meanwhile follow")
             continue
+        except AgentError as exc:
+            if lasting(exc):
+                raise
+            if exc.message != told:
+                told = exc.message
+                say(f"status failed ({exc.message}); asking again every {interval:g} s")
+            await asyncio.sleep(interval)
+            continue
+        told = None
         if states is None:
             live = sum(run["state"] not in TERMINAL_STATES for run in runs)
             say(f"watching {len(runs)} runs ({live} live); Ctrl-C to stop")

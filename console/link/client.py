@@ -425,8 +425,16 @@ async def _ask_when_quiet(client: AgentClient, heard: list[float], quiet_s: floa
 
 
 async def reconnect_and_say(client: AgentClient, notify: Callable[[str], None], why: str, then: str) -> None:
-    """Tell of a lost link, reconnect with backoff, then tell how long it took and `then` what happens."""
+    """Tell of a lost link, reconnect with backoff (each new reason a reconnect fails for told once), then tell how
+    long it took and `then` what happens."""
     notify(f"connection lost ({why}); reconnecting")
     lost = time.monotonic()
-    await client.reconnect_until_back(lambda _exc: None)
+    told: set[str] = set()
+
+    def failed(exc: TransportError) -> None:
+        if str(exc) not in told:
+            told.add(str(exc))
+            notify(f"cannot reconnect yet ({exc}); trying again, at most {RECONNECT_BACKOFF_S[-1]:g} s apart")
+
+    await client.reconnect_until_back(failed)
     notify(f"reconnected after {time.monotonic() - lost:.0f} s; {then}")

@@ -145,6 +145,19 @@ class AgentError(Exception):
         self.details = details
 
 
+# The refusals asking again may not meet: a failure inside the agent (a bug, an I/O error of the host's).
+PASSING_CODES = frozenset({"internal"})
+
+
+def lasting(exc: AgentError | TransportError) -> bool:
+    """Whether asking again cannot change this failure: a refusal of the request itself (no such run, arguments or
+    an operation this agent does not take), or a link retrying cannot make (a refused host key, another protocol
+    version). A loop that asks again stops on it, saying why; a lost link, or a failure inside the agent, may pass."""
+    if isinstance(exc, AgentError):
+        return exc.code not in PASSING_CODES
+    return not exc.transient
+
+
 def reply_result(msg: dict[str, Any]) -> Any:
     """A reply's result; AgentError when it is a refusal."""
     if msg.get("ok"):

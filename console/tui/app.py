@@ -32,7 +32,7 @@ from backends.protocol import TERMINAL_STATES, MetricRow, NonfiniteValue, RunInf
 from console import actions, render
 from console.fleet import jobs
 from console.fleet.hosts import Fleet, HostsStatus
-from console.link.transport import AgentError, AgentOps, TransportError
+from console.link.transport import AgentError, AgentOps, TransportError, lasting
 from console.tui.chart import ChartPicker, ChartsPanel, RunMetrics, choices, default_charts, nonfinite_value, spec_label
 from console.tui.commands import RunCommands
 from console.tui.dialogs import ConfirmScreen, HelpScreen, RelaunchScreen, TextScreen
@@ -207,8 +207,10 @@ class ConsoleApp(App[None]):
             try:
                 status = await self.client.status(gpus=True)
             except AgentError as exc:  # the agent answered but could not say: show it, ask again later
+                if lasting(exc):  # asking again gets the same refusal: leave, saying why, as the CLI does
+                    await self.leave(f"status: {exc.message}")
                 self.status_failed = True
-                self.banner(f"status failed: {exc.message}")
+                self.banner(f"status failed: {exc.message}; asking again every {POLL_S:g} s")
                 await asyncio.sleep(POLL_S)
                 continue
             except TransportError as exc:
@@ -242,8 +244,7 @@ class ConsoleApp(App[None]):
         try:
             await self.client.reconnect_until_back(retrying)
         except TransportError as exc:  # retrying cannot help (a refused host key or key): leave, as the CLI does
-            self.exit(return_code=1, message=f"eagle3-console: {exc}")
-            await asyncio.Event().wait()  # the app is closing; this worker goes with it
+            await self.leave(str(exc))
         self.connected.set()
         if self.lost is None:
             self.banner(None)
@@ -252,6 +253,11 @@ class ConsoleApp(App[None]):
         self.lost = None
         self.banner(f"link restored after {time.monotonic() - since:.0f} s (it was lost: {why})")
         self.set_timer(FLASH_S, lambda: self.banner(None) if self.lost is None else None)
+
+    async def leave(self, why: str) -> None:
+        """Exit 1 with `why` as the console's last line; the worker that calls it goes with the app."""
+        self.exit(return_code=1, message=f"eagle3-console: {why}")
+        await asyncio.Event().wait()
 
     def banner(self, text: str | None) -> None:
         link = self.query_one("#link", Static)
@@ -429,14 +435,27 @@ class ConsoleApp(App[None]):
         reader = LineReader()  # this run's lines, however long, a progress bar's redraws, as they come
         self.write_log(log, reader, base64.b64decode(chunk["data_b64"]))
         offsets = {"log": chunk["next_offset"], "metrics": metrics.offset, "events": 0}
+        told = False  # a failure to subscribe that may pass is said once, until a subscription is made
         while True:
             await self.connected.wait()
             generation = self.client.generation
             try:
                 sub = await self.client.subscribe(run=run_id, offsets=offsets)
-            except (AgentError, TransportError):
+            except (AgentError, TransportError) as exc:
+                if lasting(exc):  # the run is gone, or the host refuses it for good: said where its log was
+                    log.add(f"— {exc}; no longer followed —")
+                    return
+                # A lost link is the poll's to say (its banner); a failure of the agent's is said here.
+                if isinstance(exc, AgentError) and not told:
+                    told = True
+                    self.notify(
+                        f"run {run_id}: cannot follow its log and curves ({exc.message}); trying again every "
+                        f"{POLL_S:g} s",
+                        severity="warning",
+                    )
                 await asyncio.sleep(POLL_S)
                 continue
+            told = False
             async for msg in sub:
                 if msg["stream"] == "log":
                     self.write_log(log, reader, base64.b64decode(msg["data_b64"]))
