@@ -7,6 +7,7 @@ files are appended with one write(2) each, so that two writers never interleave.
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import json
 import math
@@ -68,6 +69,25 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
 
 def atomic_write_json(path: Path, obj: object) -> None:
     atomic_write_bytes(path, json.dumps(obj, indent=1).encode() + b"\n")
+
+
+# renameat2(2)'s: both paths relative to the working folder, and swapped rather than one replacing the other.
+_AT_FDCWD = -100
+_RENAME_EXCHANGE = 2
+# What a system or file system without the swap says (an old C library, an old kernel, NFS).
+NO_EXCHANGE = frozenset({errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP})
+
+
+def exchange(a: Path, b: Path) -> None:
+    """Swap two existing paths in one step, so that a reader of either sees one of the two, never neither:
+    how a whole folder replaces another (rename cannot put a folder over one that is not empty). OSError
+    with an errno in NO_EXCHANGE where the system or its file system cannot."""
+    renameat2 = getattr(ctypes.CDLL(None, use_errno=True), "renameat2", None)
+    if renameat2 is None:
+        raise OSError(errno.ENOSYS, "this C library has no renameat2", str(a))
+    if renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) != 0:
+        code = ctypes.get_errno()
+        raise OSError(code, os.strerror(code), str(a), None, str(b))
 
 
 class Reserved:

@@ -460,7 +460,7 @@ def test_plateau_flags_evals_without_a_half_percent_gain() -> None:
     assert simulated_accept_length([0.5, 0.5, 1.0]) == pytest.approx(0.5 + 0.25 + 0.25)
 
 
-def test_checkpoint_writes_are_atomic_and_latest_is_the_highest_step(tmp_path: Path) -> None:
+def test_checkpoints_leave_no_temporaries_and_latest_is_the_highest_complete_step(tmp_path: Path) -> None:
     weights = {name: torch.zeros(2) for name in SGLANG_DRAFT_WEIGHTS}
     for step in (3, 12, 7):
         checkpoint.save_checkpoint(tmp_path, f"step-{step}", weights, {"a": 1}, {"step": step, "epoch": 0})

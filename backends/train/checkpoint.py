@@ -9,8 +9,8 @@
                              data hash): the extraction's manifest, or what an online training would have
                              extracted; doctor reads it when no --data is given
 
-A checkpoint is written into a hidden temporary folder and renamed into place,
-so a reader (SGLang, `--resume`, the console) never sees half of one. Weights
+A checkpoint is written into a hidden temporary folder and renamed into place (swapped with an older one of
+its name), so a reader (SGLang, `--resume`, the console) never sees half of one. Weights
 are saved in float32, the trainer's master copy, so a reload reproduces the
 trainer's outputs exactly; SGLang casts them to the serving dtype at load.
 """
@@ -27,6 +27,7 @@ from typing import Any
 import torch
 
 from backends.eagle3_contract import MANIFEST, SGLANG_DRAFT_WEIGHTS
+from backends.fileio import NO_EXCHANGE, exchange
 from backends.train.errors import TrainError
 
 CONFIG = "config.json"
@@ -68,22 +69,51 @@ def save_checkpoint(
     tmp = out / f".{name}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    save_file({k: v.detach().cpu().contiguous() for k, v in weights.items()}, str(tmp / WEIGHTS), {"format": "pt"})
-    (tmp / CONFIG).write_text(json.dumps(config, indent=2) + "\n")
-    torch.save(training_state, tmp / TRAINING_STATE)
-    marker = {"step": training_state["step"], "epoch": training_state["epoch"]}
-    (tmp / MARKER).write_text(json.dumps(marker) + "\n")
-    if manifest is not None:
-        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
-    for file in tmp.iterdir():
-        _fsync(file)
-    old = out / f".{name}.old-{os.getpid()}"
-    if final.exists():
-        final.rename(old)
-    tmp.rename(final)
-    _fsync(out)
-    shutil.rmtree(old, ignore_errors=True)
+    try:
+        save_file({k: v.detach().cpu().contiguous() for k, v in weights.items()}, str(tmp / WEIGHTS), {"format": "pt"})
+        (tmp / CONFIG).write_text(json.dumps(config, indent=2) + "\n")
+        torch.save(training_state, tmp / TRAINING_STATE)
+        marker = {"step": training_state["step"], "epoch": training_state["epoch"]}
+        (tmp / MARKER).write_text(json.dumps(marker) + "\n")
+        if manifest is not None:
+            (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+        for path in [*tmp.iterdir(), tmp]:
+            _fsync(path)
+        older = _into_place(tmp, final, out / f".{name}.old-{os.getpid()}")
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)  # a checkpoint is large: no half of one left on the disk
+        raise
+    try:
+        _fsync(out)
+    finally:
+        if older is not None:
+            shutil.rmtree(older, ignore_errors=True)
     return final
+
+
+def _into_place(tmp: Path, final: Path, aside: Path) -> Path | None:
+    """Make `tmp` the checkpoint `final`; the older one of that name, if any, is returned to be removed.
+
+    The two are swapped in one step where the file system can, so that a reader of `final` finds the old one or
+    the new one, whole. Where it cannot, the old one is set aside first and put back if the new one cannot take
+    its place; only a death between those two renames leaves `final` missing (the old one whole, as `aside`).
+    """
+    if not final.exists():
+        tmp.rename(final)
+        return None
+    try:
+        exchange(tmp, final)
+        return tmp
+    except OSError as exc:
+        if exc.errno not in NO_EXCHANGE:
+            raise
+    final.rename(aside)
+    try:
+        tmp.rename(final)
+    except BaseException:
+        aside.rename(final)
+        raise
+    return aside
 
 
 def checkpoint_step(path: Path) -> int | None:
