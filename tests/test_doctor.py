@@ -16,9 +16,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from backends.doctor import CODES, diagnose
+from backends.doctor import CODES, diagnose, dryload, rules
 from backends.doctor.cli import main
-from backends.protocol import DoctorResult
+from backends.doctor.reading import read_draft
+from backends.protocol import DoctorResult, Finding
 from tests.draft_fixtures import (
     AUX_IDS,
     DRAFT_VOCAB,
@@ -28,7 +29,9 @@ from tests.draft_fixtures import (
     eagle_bin_draft,
     good_draft,
     safetensors_bytes,
+    sharded_draft,
     speculators_draft,
+    stale_single_file,
     write_manifest,
     write_target,
 )
@@ -232,28 +235,27 @@ def test_target_hidden_from_headers_when_config_lacks_it(tmp_path: Path) -> None
     assert problems(diagnose(good_draft(tmp_path / "draft"), target=target)) == {"target-hidden-size"}
 
 
-@pytest.mark.parametrize(
-    ("damage", "code"),
-    [
-        (lambda d: _cut(d / "model.safetensors", keep=40), "weights-unreadable"),
-        (lambda d: _cut(d / "model.safetensors", keep=-100), "weights-unreadable"),
-        (lambda d: (d / "config.json").write_text("{'not': json}"), "config-unreadable"),
-        (lambda d: (d / "model.safetensors").unlink(), "draft-not-found"),
-        (lambda d: (d / "config.json").unlink(), "draft-not-found"),
-    ],
-    ids=["truncated-header", "offsets-outside-file", "non-json-config", "no-weights", "no-config"],
-)
+def _cut(path: Path, keep: int) -> None:
+    """Keep the first `keep` bytes (negative: drop that many from the end, so offsets lie outside)."""
+    path.write_bytes(path.read_bytes()[:keep])
+
+
+DAMAGES: list[tuple[str, Callable[[Path], object], str]] = [
+    ("truncated-header", lambda d: _cut(d / "model.safetensors", keep=40), "weights-unreadable"),
+    ("offsets-outside-file", lambda d: _cut(d / "model.safetensors", keep=-100), "weights-unreadable"),
+    ("non-json-config", lambda d: (d / "config.json").write_text("{'not': json}"), "config-unreadable"),
+    ("no-weights", lambda d: (d / "model.safetensors").unlink(), "draft-not-found"),
+    ("no-config", lambda d: (d / "config.json").unlink(), "draft-not-found"),
+]
+
+
+@pytest.mark.parametrize(("damage", "code"), [d[1:] for d in DAMAGES], ids=[d[0] for d in DAMAGES])
 def test_damaged_files(tmp_path: Path, damage: Callable[[Path], object], code: str) -> None:
     draft = good_draft(tmp_path / "draft")
     damage(draft)
     result = diagnose(draft)
     assert problems(result) == {code} and result["errors"] == 1
     assert result["format"] == "unknown"
-
-
-def _cut(path: Path, keep: int) -> None:
-    """Keep the first `keep` bytes (negative: drop that many from the end, so offsets lie outside)."""
-    path.write_bytes(path.read_bytes()[:keep])
 
 
 def test_formats_recognised(tmp_path: Path) -> None:
@@ -276,9 +278,54 @@ def test_speculators_norm_before_fc_needs_0523(tmp_path: Path) -> None:
     assert "unsupported-option" not in problems(diagnose(draft, sglang_version="0.5.23"))
 
 
-def test_registry_covers_every_code_emitted() -> None:
+def every_draft_of_this_file(tmp_path: Path) -> dict[str, list[Finding]]:
+    """doctor's findings on each draft these tests diagnose (the cases, the damaged files, the other layouts, the good
+    draft with its target and extraction, an extraction without a manifest), on a leftover file beside shards
+    and on two copies of one tensor; and the dry-load's, on a serving Python that cannot be run and on what
+    SGLang's loader can report (its audit, which the real-SGLang tier checks against the real loader)."""
+    results = {name: run_case(tmp_path / name, case)["findings"] for name, case in CASES.items()}
+    for name, damage, _code in DAMAGES:
+        damage(good_draft(tmp_path / name))
+        results[name] = diagnose(tmp_path / name)["findings"]
+    good = good_draft(tmp_path / "good")
+    target, data = write_target(tmp_path / "target"), write_manifest(tmp_path / "data")
+    results["good"] = diagnose(good, target=target, data=data)["findings"]
+    (tmp_path / "no-manifest").mkdir()
+    results["no-manifest"] = diagnose(good, data=tmp_path / "no-manifest")["findings"]
+    results["speculators"] = diagnose(speculators_draft(tmp_path / "spec"), sglang_version="0.5.23")["findings"]
+    results["eagle-bin"] = diagnose(eagle_bin_draft(tmp_path / "bin"), sglang_version="0.5.5")["findings"]
+    leftover = stale_single_file(sharded_draft(tmp_path / "leftover"))
+    results["leftover"] = diagnose(leftover, sglang_version="0.5.23")["findings"]
+    duplicated = stale_single_file(sharded_draft(tmp_path / "duplicated", index=False))
+    results["duplicated"] = diagnose(duplicated, sglang_version="0.5.23")["findings"]
+    results["dry-load-no-python"] = dryload.dry_load(good, python=str(tmp_path / "no-python"))
+    files, _ = read_draft(good)
+    assert files is not None
+    raised = dryload.LoadAudit(unconsumed=["fc_proj.weight"], unwritten={"model.fc.weight": 1.0}, errors={"norm": "E"})
+    for name, audit in (("dry-load-raised", raised), ("dry-load-clean", dryload.LoadAudit())):
+        results[name] = dryload.findings_of(audit, files, None, "0.5.23")
+    return results
+
+
+def test_the_registry_holds_every_code_the_rules_give_and_each_is_given(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     assert all(code == code.lower() and " " not in code for code in CODES)
-    assert {c.code for c in CASES.values()} <= set(CODES)
+    results = every_draft_of_this_file(tmp_path)
+    given = {finding["code"] for findings in results.values() for finding in findings}
+    failed = sorted(name for name, findings in results.items() if any(f["code"] == "doctor-failed" for f in findings))
+    assert failed == [], f"doctor failed (as it does on a code the registry lacks) on {failed}"
+
+    def broken(*args: object) -> list[Finding]:
+        raise RuntimeError("a rule's bug")
+
+    monkeypatch.setattr(rules, "tied_embeddings_rule", broken)
+    crashed = diagnose(tmp_path / "good")
+    assert problems(crashed) == {"doctor-failed"}
+    assert "RuntimeError: a rule's bug" in the(crashed, "doctor-failed")["message"]
+    given.add("doctor-failed")
+    assert sorted(given - set(CODES)) == [], "given, not registered"
+    assert sorted(set(CODES) - given) == [], "registered, given by none of these drafts"
 
 
 def test_cli_exit_codes_and_output(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -21,6 +21,7 @@ from backends.doctor import dryload
 from backends.doctor.cli import main as doctor_main
 from backends.doctor.dryload import audit_load, dry_load
 from backends.doctor.full import full_diagnosis
+from backends.doctor.reading import read_draft
 from backends.protocol import Finding
 from tests.conftest import REPO
 from tests.draft_fixtures import HIDDEN, corrupt_header, good_draft
@@ -74,6 +75,19 @@ def test_audit_of_a_complete_checkpoint_is_clean() -> None:
     tensors = [(n, torch.ones(2, 4)) for n in ("q", "k", "v")] + [("norm", torch.ones(4))]
     audit = audit_load(model, tensors)
     assert audit.unconsumed == [] and audit.unwritten == {} and audit.errors == {}
+
+
+def test_a_tensor_the_loader_raises_on_is_an_error_naming_it_and_what_was_raised(tmp_path: Path) -> None:
+    files, _ = read_draft(good_draft(tmp_path / "draft"))
+    assert files is not None
+    audit = audit_load(LoaderLike(), [("norm", torch.ones(5))])
+    failed = [f for f in dryload.findings_of(audit, files, None, "0.5.23") if f["code"] == "dry-load-failed"]
+    assert [(f["severity"], f["message"]) for f in failed] == [
+        (
+            "error",
+            "SGLang 0.5.23's loader raised on norm: AssertionError: shape mismatch (the server would crash at startup)",
+        )
+    ]
 
 
 def test_without_sglang_in_the_serving_python_it_says_skipped(tmp_path: Path) -> None:
