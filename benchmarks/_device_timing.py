@@ -43,13 +43,3 @@ def timed_calls(call: Callable[[], Any], warmup: int, calls: int, device: torch.
     warm = run(warmup)[0]
     elapsed, last = run(calls)
     return Timed(warm, elapsed / calls, last)
-
-
-def kernel_averages(call: Callable[[], Any], device: torch.device | str) -> Any:
-    """The torch profiler's per-kernel averages over one call (`.table(...)` prints them)."""
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        call()
-        synchronize(device)
-    return prof.key_averages()

@@ -68,7 +68,8 @@ from backends.train.target import Teacher
 from backends.train.trainer import Trainer, build_draft
 from backends.train.vocab import VocabMap
 from benchmarks._common import print_table
-from benchmarks._device_timing import kernel_averages, timed_calls
+from benchmarks._device_timing import timed_calls
+from benchmarks.kernel_groups import profile_kernels
 
 PEAK_BF16 = 989.4e12  # dense bf16 FLOP/s, H100/H200 SXM datasheet
 TARGET_MFU = 0.35
@@ -255,26 +256,30 @@ def check_flex(device: torch.device) -> float:
 
 
 def profile_step(trainer: Trainer, batch: Batch, path: Path | None) -> str:
-    kernels = kernel_averages(lambda: trainer.train_step(batch), trainer.ctx.device)
+    """One more step's kernels, grouped (benchmarks.kernel_groups); every kernel by name to `path` (JSON)."""
+    kernels = profile_kernels(lambda: trainer.train_step(batch), trainer.ctx.device)
     if path is not None:
-        path.write_text(kernels.table(sort_by="self_device_time_total", row_limit=200))
-    table: str = kernels.table(sort_by="self_device_time_total", row_limit=15, max_name_column_width=60)
-    return table
+        path.write_text(json.dumps(kernels.to_json()))
+    return kernels.report()
 
 
-def add_shape_arguments(parser: argparse.ArgumentParser, batches: str, steps: int, warmup: int) -> None:
-    """The batch shapes, the synthetic data and the timing, as both trainer benchmarks take them."""
+def add_shape_arguments(parser: argparse.ArgumentParser, batches: str | None, steps: int, warmup: int) -> None:
+    """The synthetic data and the timing, as both trainer benchmarks take them, and the batch shapes
+    (--batch-size, --seq, --min-length) unless `batches` is None (the caller takes shapes its own way)."""
     parser.add_argument("--tiny", action="store_true", help="a tiny draft, for a CPU smoke run")
-    parser.add_argument("--batch-size", default=None, help=f"comma list of batch sizes; default {batches}")
-    parser.add_argument("--seq", type=int, help="default 2048 (tiny: 64)")
+    if batches is not None:
+        parser.add_argument("--batch-size", default=None, help=f"comma list of batch sizes; default {batches}")
+        parser.add_argument("--seq", type=int, help="default 2048 (tiny: 64)")
+        parser.add_argument(
+            "--min-length",
+            type=int,
+            help="samples of random lengths from this to --seq, right-padded (default: all --seq)",
+        )
     parser.add_argument("--ttt", type=int, default=7)
     parser.add_argument("--steps", type=int, default=steps, help="timed steps")
     parser.add_argument("--warmup", type=int, default=warmup, help="untimed steps first (compilation)")
     parser.add_argument("--in-vocab", type=float, default=IN_VOCAB, help="share of teacher argmaxes in the draft vocab")
     parser.add_argument("--prompt", type=int, default=PROMPT_TOKENS, help="tokens of each sample outside the loss")
-    parser.add_argument(
-        "--min-length", type=int, help="samples of random lengths from this to --seq, right-padded (default: all --seq)"
-    )
     parser.add_argument("--results", type=Path, help="append one JSON line per measurement to this file")
     parser.add_argument("--profile", action="store_true", help="print the top kernels of one more step of each")
     parser.add_argument("--budget-s", type=float, default=1e9, help="skip variants once this much time has passed")
@@ -353,7 +358,7 @@ def main() -> int:
             )
             rows.append([f"peak GPU memory GiB ({name})", f"{result['peak_mem_gb']:.1f}", "139", "-"])
             if args.profile:
-                path = out_dir / f"profile-{variant}-{size}.txt" if out_dir else None
+                path = out_dir / f"profile-{variant}-{size}.json" if out_dir else None
                 print(profile_step(trainer, batch, path), flush=True)
             del trainer
             gc.collect()

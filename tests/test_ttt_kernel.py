@@ -1,4 +1,6 @@
-"""The TTT attention kernel (backends/train/ttt_kernel.py) against the eager formula, on CPU.
+"""The training's Triton kernels against their torch formulas, on CPU: the TTT attention kernel
+(backends/train/ttt_kernel.py) against eager attention, and the SiLU-and-multiply (swiglu.py) and the
+teacher's row statistics (teacher_kernel.py), which run in the same worker.
 
 Triton's interpreter runs the kernel on CPU tensors, but only if TRITON_INTERPRET=1 is set before
 triton is imported, and any test of this worker may have imported it already (torch does, for one).
@@ -108,6 +110,75 @@ def test_the_draft_through_the_kernel_is_the_draft_through_eager_attention(
     check(worker, kind=1, batch=2, seq=seq, steps=steps, seed=seed)
 
 
+def test_silu_mul_kernels_are_the_torch_formula(worker: Worker) -> None:
+    """Forward and gate-up's gradient, over rows wider than one program's block, with a ragged tail."""
+    check(worker, kind=2, rows=3, width=2500, seed=0)
+
+
+def test_the_teachers_row_kernel_is_the_torch_formula(worker: Worker) -> None:
+    """Logits, logsumexp, argmax and in-vocabulary flags through the kernel (what a GPU runs) and through
+    the torch formula, over several column blocks, with argmaxes tied across the draft vocabulary."""
+    answer = worker.errors({"kind": 3, "seed": 0})
+    assert answer["interpreted"], "the kernel did not run under Triton's interpreter"
+    assert answer["errors"]["logits"] <= 1e-5 and answer["errors"]["lse"] <= 1e-5, answer
+    assert answer["same_argmax"] and answer["same_in_vocab"], answer
+    assert 0 < answer["in_vocab"] < answer["rows"], "the ties should fall on both sides"
+
+
+def _silu_mul_errors(case: dict[str, int]) -> dict[str, float]:
+    import torch
+    import torch.nn.functional as F
+
+    from backends.train.swiglu import silu_mul
+
+    gen = torch.Generator().manual_seed(case["seed"])
+    gate_up = torch.randn(case["rows"], 2 * case["width"], generator=gen).requires_grad_()
+    grad = torch.randn(case["rows"], case["width"], generator=gen)
+    results = []
+    for fn in (silu_mul, lambda x: F.silu(x.chunk(2, -1)[0]) * x.chunk(2, -1)[1]):
+        out = fn(gate_up)
+        results.append([out.detach(), *torch.autograd.grad(out, [gate_up], grad)])
+    return _relative(["out", "d_gate_up"], *results)
+
+
+def _teacher_answer(case: dict[str, int]) -> dict[str, Any]:
+    import torch
+
+    from backends.train import teacher_kernel
+    from backends.train.target import Teacher
+
+    gen = torch.Generator().manual_seed(case["seed"])
+    vocab, draft_vocab, width, rows = 12000, 9000, 16, 24  # 3 blocks of draft columns, 1 of the rest
+    lm_head = torch.randn(vocab, width, generator=gen)
+    draft_ids = torch.randperm(vocab, generator=gen)[:draft_vocab].sort().values
+    t2d = torch.zeros(vocab, dtype=torch.bool)
+    t2d[draft_ids] = True
+    other_ids = (~t2d).nonzero().squeeze(1)
+    hidden = torch.randn(rows, width, generator=gen)
+    # Every row's argmax is a tie of a draft token and another one, each the smaller id about half the time.
+    for row in range(rows):
+        strong = torch.randn(width, generator=gen)
+        pair = draft_ids[torch.randint(0, draft_vocab, (1,), generator=gen)], other_ids[row * 100]
+        lm_head[pair[0]] = lm_head[pair[1]] = strong
+        hidden[row] = 8 * strong
+    teacher = Teacher(lm_head, draft_ids, t2d)
+    fused = teacher.draft_logits(hidden)
+    available = teacher_kernel.available
+    teacher_kernel.available = lambda device: False
+    try:
+        formula = teacher.draft_logits(hidden)
+    finally:
+        teacher_kernel.available = available
+    return {
+        "errors": _relative(["logits", "lse"], [fused[0], fused[1]], [formula[0], formula[1]]),
+        "same_argmax": bool(torch.equal(fused[2], formula[2])),
+        "same_in_vocab": bool(torch.equal(fused[3], formula[3])),
+        "in_vocab": int(fused[3].sum()),
+        "rows": rows,
+        "interpreted": teacher_kernel.available(torch.device("cpu")),
+    }
+
+
 def _draft_errors(case: dict[str, int]) -> dict[str, float]:
     """The draft of tests/test_train_model.py, widened to head_dim 16 (tl.dot's least), through the kernel
     and through eager attention."""
@@ -162,6 +233,13 @@ def _serve() -> None:
         case = json.loads(line)
         if case.get("kind") == 1:
             print(json.dumps({"errors": _draft_errors(case), "interpreted": ttt_kernel.available("cpu")}), flush=True)
+            continue
+        if case.get("kind") == 2:
+            answer = {"errors": _silu_mul_errors(case), "interpreted": ttt_kernel.available("cpu")}
+            print(json.dumps(answer), flush=True)
+            continue
+        if case.get("kind") == 3:
+            print(json.dumps(_teacher_answer(case)), flush=True)
             continue
         gen = torch.Generator().manual_seed(case["seed"])
         batch, kv_heads, seq, dim = case["batch"], case["kv_heads"], case["seq"], case["head_dim"]

@@ -29,6 +29,7 @@ from backends.train.attention import eager_ttt_attention, flex_ttt_attention
 from backends.train.config import DraftConfig
 from backends.train.rope import RotaryEmbedding
 from backends.train.step_rows import StepRows
+from backends.train.swiglu import silu_mul
 
 # Checkpoint keys leave out the embedding: SGLang takes the target's (SpecForge does the same).
 FROZEN_WEIGHTS = ("embed_tokens.weight",)
@@ -135,8 +136,7 @@ class MLP(nn.Module):
         return torch.cat([self.gate_proj.weight, self.up_proj.weight])
 
     def forward(self, x: torch.Tensor, gate_up: torch.Tensor) -> torch.Tensor:
-        gate, up = F.linear(x, gate_up).chunk(2, dim=-1)
-        out: torch.Tensor = self.down_proj(F.silu(gate) * up)
+        out: torch.Tensor = self.down_proj(silu_mul(F.linear(x, gate_up)))
         return out
 
 

@@ -185,8 +185,19 @@ class Teacher:
         lse = hidden.new_empty(rows, dtype=torch.float32)
         argmax = hidden.new_empty(rows, dtype=torch.int64)
         in_vocab = hidden.new_ones(rows, dtype=torch.bool)
+        from backends.train import teacher_kernel  # Triton: only where a teacher runs, not for a config's reader
+
+        fused = teacher_kernel.available(hidden.device)
         for start in range(0, rows, TEACHER_CHUNK_ROWS):
             end = min(start + TEACHER_CHUNK_ROWS, rows)
+            if fused:
+                # The draft columns' product straight into the logits kept; one kernel reads both parts once.
+                x = hidden[start:end].to(self.weight.dtype)
+                torch.mm(x, self.weight[:size].T, out=logits[start:end])
+                other = x @ self.weight[size:].T
+                stats = (lse[start:end], argmax[start:end], in_vocab[start:end])
+                teacher_kernel.row_stats(logits[start:end], other, self.draft_ids, self.other_ids, stats)
+                continue
             full = hidden[start:end].to(self.weight.dtype) @ self.weight.T
             draft = full[:, :size]
             logits[start:end] = draft
