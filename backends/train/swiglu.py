@@ -27,10 +27,12 @@ except ImportError:  # a CPU-only install: the torch formula serves
 BLOCK = 2048  # columns of one row a program takes
 
 
+# Triton reads TRITON_INTERPRET when imported; read here once, not in a traced function (a graph break there).
+INTERPRETING = triton is not None and bool(triton.knobs.runtime.interpret)
+
+
 def available(device: torch.device) -> bool:
-    if triton is None:
-        return False
-    return device.type == "cuda" or bool(triton.knobs.runtime.interpret)
+    return triton is not None and (device.type == "cuda" or INTERPRETING)
 
 
 def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:

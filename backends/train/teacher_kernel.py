@@ -23,10 +23,12 @@ except ImportError:  # a CPU-only install: target.Teacher's torch formula serves
 BLOCK = 4096  # columns a program reads at a time
 
 
+# Triton reads TRITON_INTERPRET when imported; read here once, not in a traced function (a graph break there).
+INTERPRETING = triton is not None and bool(triton.knobs.runtime.interpret)
+
+
 def available(device: torch.device) -> bool:
-    if triton is None:
-        return False
-    return device.type == "cuda" or bool(triton.knobs.runtime.interpret)
+    return triton is not None and (device.type == "cuda" or INTERPRETING)
 
 
 if triton is not None:
