@@ -12,8 +12,11 @@ At the Llama-3.1-8B draft's shapes (hidden 4096, MLP 14336, target vocabulary 12
 Timing: triton.testing.do_bench, median ms. Bytes each must move at least, over the ~4.3 TB/s this H200
 copies at (read + write counted), give the floor beside each. Prints a table last; --results appends JSON.
 
-Measured on an H200 (2026-12-04, torch 2.11, triton 3.6, 16,384 rows): see the table in the
-docstring of benchmarks/specforge_compare.py for what the step gained.
+Measured on an H200 (2026-12-04, torch 2.11, triton 3.6, 16,384 rows), ms forward / forward + backward:
+SiLU * up eager 1.22 / 3.32, compiled formula 0.83 / 3.58, Triton kernels 0.34 / 0.91 (floor 0.33 / 0.87),
+every one within 2.4e-3 of float64; teacher rows 32.8 (torch formula) -> 27.2 (fused; floor 22.8, the
+products at 790 TFLOP/s and one read of the logits), the same logits, argmaxes and flags. What the step
+gained: benchmarks/specforge_compare.py's docstring.
 """
 
 from __future__ import annotations

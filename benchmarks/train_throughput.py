@@ -33,6 +33,11 @@ as the formula reads; the trainer projects it once for all steps (about 6% of
 the FLOPs). So MFU here is of the formula's FLOPs, and overstates what the GPU
 did where rows are skipped; tokens/s is the figure to compare.
 
+Measured on one H200 (torch 2.11, 2026-12-04; 6 timed steps after 2), with the TTT kernel and the fused
+elementwise passes: batch 8 x 2048 compiled 37,159 tokens/s = 61.5% MFU (0.441 s a step, 35.3 GiB);
+before the fused passes (a378213, the same day) 34,761. --profile groups one
+step's kernels (benchmarks.kernel_groups); --head-chunk-rows times the loss's lm_head chunk sizes.
+
 Measured on one H200 (torch 2.11, 2026-12-02; 4 timed steps after 2), each step
 computing only the rows that reach the loss: batch 8 x 2048, compiled 34,668
 tokens/s = 57.4% MFU (0.47 s a step, 31.7 GiB peak), without torch.compile
@@ -60,7 +65,7 @@ from typing import Any
 
 import torch
 
-from backends.train import distributed
+from backends.train import distributed, loss
 from backends.train.config import DraftConfig
 from backends.train.data import Batch
 from backends.train.options import TrainOptions
@@ -294,6 +299,12 @@ def main() -> int:
         "--bf16-params", action="store_true", help="the draft's parameters in bf16 (timing only: no fp32 master copy)"
     )
     parser.add_argument("--label", default="", help="a name for this run in --results")
+    parser.add_argument(
+        "--head-chunk-rows",
+        type=lambda text: [int(n) for n in text.split(",")],
+        default=[],
+        help="comma list: time each variant again with the loss's lm_head in chunks of these many rows",
+    )
     args = parser.parse_args()
     started = time.perf_counter()
     ctx = distributed.init()
@@ -331,6 +342,16 @@ def main() -> int:
                 torch.cuda.reset_peak_memory_stats(ctx.device)
             trainer = make_trainer(cfg, args, variant == "compiled", ctx)
             result = measure(trainer, batch, args.warmup, args.steps)
+            for chunk in args.head_chunk_rows:
+                # The lm_head's chunk is outside the compiled graph: the same trainer, nothing compiled again.
+                loss.HEAD_CHUNK_ROWS = chunk
+                timed = measure(trainer, batch, 1, args.steps)
+                stats = torch.cuda.memory_stats(ctx.device) if cuda else {}
+                retries = stats.get("num_alloc_retries", 0)
+                result[f"tokens_per_s_head_chunk_{chunk}"] = timed["tokens_per_s"]
+                print(
+                    f"{name}, head chunk {chunk} rows: {timed['tokens_per_s']:,.0f} tokens/s, alloc retries {retries}"
+                )
             result["peak_mem_gb"] = torch.cuda.max_memory_allocated(ctx.device) / 2**30 if cuda else float("nan")
             with torch.no_grad():
                 result["in_loss_rows"] = in_loss_fraction(trainer, batch)
