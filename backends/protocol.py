@@ -215,31 +215,61 @@ def not_metric_values(row: MetricRow) -> dict[str, object]:
     return {name: value for name, value in row.items() if not metric_value_ok(name, value)}
 
 
-class Percentiles(TypedDict):
-    p50: float
-    p90: float
+class LatencyStats(TypedDict):
+    """A latency's spread over a bench's requests, in milliseconds (bench_serving's figures: numpy's mean, median
+    and linear percentiles, and the max)."""
+
+    mean: float
+    median: float
+    p95: float
     p99: float
+    max: float
 
 
-class BenchSettings(TypedDict):
-    prompts: str  # "builtin", or the prompt file's path on the host
+class AcceptSpread(TypedDict):
+    """The acceptance lengths of a bench's requests, one each (completion tokens / verify steps)."""
+
+    min: float
+    p5: float
+    median: float
+    p95: float
+    max: float
+    mean: float
+
+
+class BenchSettings(TypedDict, total=False):
+    prompts: str  # "builtin", "random", or the prompt file's path on the host
     requests: int
-    concurrency: int
-    max_tokens: int
+    concurrency: int  # the most requests in flight at once
+    max_tokens: int  # the most tokens per answer (random prompts: every answer's length)
     api: str  # "chat" (/v1/chat/completions) or "completions" (/v1/completions)
+    input_len: int  # random prompts: tokens per prompt
+    request_rate: float | None  # requests sent per second, Poisson; None: all at once (bench_serving's inf)
+    warmup: int  # requests sent first and left out of the figures
+    seed: int  # random prompts and the Poisson arrivals
 
 
-class BenchFigures(TypedDict):
+class BenchFigures(TypedDict, total=False):
+    """A bench's figures, with bench_serving's definitions (backends/bench/measure.py says which)."""
+
     ok: int  # requests streamed to their end
     errors: int  # answered with an HTTP error or an error chunk, or not answered at all
     cut: int  # streams that ended before their last chunk
+    input_tokens: int  # the server's prompt tokens of the requests that ended well
     output_tokens: int
-    duration_s: float
+    duration_s: float  # the timed part: from the first request after the warm-up to the last answer
+    request_s: float | None  # requests per second
+    input_tok_s: float | None
     output_tok_s: float | None
+    total_tok_s: float | None
+    concurrency: float | None  # summed E2E latency over the duration
     # The server's own count over the bench's requests: completion tokens / verify steps (None: it gave none)
     accept_len: float | None
-    ttft_ms: Percentiles | None  # time to the first token
-    itl_ms: Percentiles | None  # between streamed chunks
+    accept_len_per_request: AcceptSpread | None
+    ttft_ms: LatencyStats | None  # time to the first token
+    tpot_ms: LatencyStats | None  # time per output token after the first
+    itl_ms: LatencyStats | None  # between tokens (a chunk's gap spread over its tokens), as /metrics' itl
+    e2e_ms: LatencyStats | None  # from the send to the last line
 
 
 class BenchResult(TypedDict):
@@ -666,6 +696,10 @@ OPS: dict[str, _ArgSpec] = {
         "concurrency": (_INT, False, 4),
         "max_tokens": (_INT, False, 256),
         "api": (_STR, False, "chat"),
+        "input_len": (_INT, False, 1024),
+        "request_rate": (_OPT_NUM, False, None),  # None: all at once
+        "warmup": (_INT, False, 1),
+        "seed": (_INT, False, 1),
         "name": (_OPT_STR, False, None),
         "cwd": (_OPT_STR, False, None),
         "launch_id": (_OPT_STR, False, None),

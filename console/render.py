@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from backends.bench.table import figures_table
 from backends.protocol import (
     Finding,
     FreeGpusResult,
@@ -579,13 +580,17 @@ def relaunch_preview(result: Mapping[str, Any]) -> str:
 BENCH_INDENT = "  "
 
 
-def _ms(spread: Mapping[str, float] | None) -> str:
-    return "n/a" if not spread else f"{spread['p50']:.0f}/{spread['p99']:.0f} ms"
+def _ms(spread: Mapping[str, float] | None, digits: int) -> str:
+    """p50/p99 in milliseconds (a result stored before 0.x named the median p50)."""
+    if not spread:
+        return "n/a"
+    return f"{spread.get('median', spread.get('p50', math.nan)):.{digits}f}/{spread['p99']:.{digits}f} ms"
 
 
 def bench_fields(result: Mapping[str, Any]) -> list[str]:
-    """`11-30 10:00:00`, `accept 2.67`, `340 tok/s`, `TTFT 48/51 ms`, `ITL 2/3 ms`, `6/6 ok`, `chat c2 m8` (p50/p99;
-    the api, the concurrency and the most tokens per answer)."""
+    """`11-30 10:00:00`, `accept 2.67`, `340 tok/s`, `ttft_p50/p99 48/51 ms`, `itl_p50/p99 2.1/3.0 ms`, `6/6 ok`,
+    `chat c2 m8` (named as /metrics' series, ITL per token as theirs; the api, the concurrency and the most tokens
+    per answer)."""
     f, s = result.get("figures") or {}, result.get("settings") or {}
     accept, rate = f.get("accept_len"), f.get("output_tok_s")
     done = f.get("ok", 0)
@@ -594,11 +599,22 @@ def bench_fields(result: Mapping[str, Any]) -> list[str]:
         clock(result.get("t")),
         f"accept {'n/a' if accept is None else f'{accept:.2f}'}",
         f"{'n/a' if rate is None else f'{rate:.0f}'} tok/s",
-        f"TTFT {_ms(f.get('ttft_ms'))}",
-        f"ITL {_ms(f.get('itl_ms'))}",
+        f"ttft_p50/p99 {_ms(f.get('ttft_ms'), 0)}",
+        f"itl_p50/p99 {_ms(f.get('itl_ms'), 1)}",
         f"{done}/{total} ok",
         f"{s.get('api', '?')} c{s.get('concurrency', '?')} m{s.get('max_tokens', '?')}",
     ]
+
+
+def bench_compare(runs: Sequence[tuple[Mapping[str, Any], Mapping[str, Any]]]) -> list[str]:
+    """Serve runs' bench results side by side, a column per (run, result) headed by the run and its draft's
+    checkpoint (the draft's last folder), then bench_serving's figures."""
+
+    def heads(run: Mapping[str, Any], result: Mapping[str, Any]) -> list[str]:
+        draft = str(result.get("draft") or "?").rstrip("/").rsplit("/", 1)[-1]
+        return [printable(str(run.get("name") or own_id(str(run.get("id"))))), printable(draft)]
+
+    return figures_table([(heads(run, r), r.get("figures") or {}) for run, r in runs])
 
 
 def _packed(fields: list[str], width: int | None) -> list[str]:
@@ -616,4 +632,4 @@ def bench_lines(results: Sequence[Mapping[str, Any]] | None, width: int | None =
     """A heading and the latest results, newest last; nothing when the run has none."""
     if not results:
         return []
-    return ["bench (TTFT and ITL p50/p99):", *(line for r in results for line in _packed(bench_fields(r), width))]
+    return ["bench:", *(line for r in results for line in _packed(bench_fields(r), width))]

@@ -11,22 +11,30 @@ runs on GPUs only.
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import json
+import random
 import re
+import subprocess
 import sys
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from pathlib import Path
 
+import httpx
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from backends.bench.cli import figures, load_prompts, percentiles
+from backends.bench.client import Plan, drive
+from backends.bench.measure import figures, latency_stats
+from backends.bench.prompts import load_prompts, random_prompts
 from backends.bench.stream import BenchError, Chunk, Outcome, SSEDecoder, parse_chunk
 from backends.runs.store import RunDir
 from console.fleet.hosts import Fleet
 from console.link.local import LocalTransport
-from console.render import bench_lines
+from console.render import bench_compare, bench_lines
 from console.tui.app import ConsoleApp
 from console.tui.panels import RunDetail, RunsTable
 from tests.conftest import CLI, free_port, launch, until, wait_state
@@ -112,18 +120,20 @@ def test_a_stream_cut_inside_an_event_is_told_from_one_cut_between_events() -> N
 # ----- figures -----
 
 
-def test_percentiles_are_numpys_linear_ones_in_milliseconds() -> None:
-    assert percentiles([i / 1000 for i in range(1, 101)]) == {"p50": 50.5, "p90": 90.1, "p99": 99.01}
-    assert percentiles([0.25]) == {"p50": 250.0, "p90": 250.0, "p99": 250.0}
-    assert percentiles([]) is None
+def test_latency_stats_are_numpys_mean_median_linear_percentiles_and_max_in_milliseconds() -> None:
+    assert latency_stats([i / 1000 for i in range(1, 101)]) == {
+        "mean": 50.5, "median": 50.5, "p95": 95.05, "p99": 99.01, "max": 100.0
+    }  # fmt: skip
+    assert latency_stats([0.25]) == {"mean": 250.0, "median": 250.0, "p95": 250.0, "p99": 250.0, "max": 250.0}
+    assert latency_stats([]) is None
 
 
 @given(st.lists(st.floats(0, 1e4, allow_nan=False), min_size=1, max_size=50))
-def test_percentiles_are_ordered_and_within_the_values(values: list[float]) -> None:
-    p = percentiles(values)
+def test_latency_stats_are_ordered_and_within_the_values(values: list[float]) -> None:
+    p = latency_stats(values)
     assert p is not None
     low, high = round(min(values) * 1000, 3), round(max(values) * 1000, 3)
-    assert low <= p["p50"] <= p["p90"] <= p["p99"] <= high
+    assert low <= p["median"] <= p["p95"] <= p["p99"] <= p["max"] == high and low <= p["mean"] <= high
 
 
 def test_acceptance_is_all_tokens_over_all_verify_steps_of_the_requests_that_ended_well() -> None:
@@ -137,9 +147,181 @@ def test_acceptance_is_all_tokens_over_all_verify_steps_of_the_requests_that_end
     assert (f["ok"], f["errors"], f["cut"], f["output_tokens"]) == (2, 1, 1, 40)
     assert f["accept_len"] == round(40 / 12, 3)  # not the mean of 3.0 and 5.0
     assert f["output_tok_s"] == 20.0
-    assert f["ttft_ms"] == {"p50": 200.0, "p90": 280.0, "p99": 298.0}
+    assert f["ttft_ms"] == {"mean": 200.0, "median": 200.0, "p95": 290.0, "p99": 298.0, "max": 300.0}
+    # Each request's own: 3.0 and 5.0, spread
+    assert f["accept_len_per_request"] == {"min": 3.0, "p5": 3.1, "median": 4.0, "p95": 4.9, "max": 5.0, "mean": 4.0}
     assert figures([Outcome(chunks=4)], 1.0)["accept_len"] is None  # no verify steps: none made up
+    assert figures([Outcome(chunks=4)], 1.0)["accept_len_per_request"] is None
     assert figures([Outcome(error="x")], 1.0)["output_tok_s"] is None
+
+
+# ----- timings known: a stand-in whose clock is the bench's -----
+
+
+class Clock:
+    """The bench's clock, moved only by the stand-in below: every time the bench reads is known exactly."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@dataclass(frozen=True)
+class Answer:
+    """One request's answer: its first token `ttft` s after the send, then each (gap s, tokens) chunk, then the
+    last lines `tail` s after the last text; `status` other than 200 answers an error at once."""
+
+    ttft: float = 0.05
+    chunks: tuple[tuple[float, int], ...] = ()
+    tail: float = 0.001
+    prompt: int = 100
+    verify: int | None = None
+    status: int = 200
+
+
+def timed_standin(clock: Clock, answers: list[Answer]) -> httpx.MockTransport:
+    """SGLang's chat stream, field by field as tests/sglang_standin.py writes it (REAL shape, from the real server's
+    streams), with the running `usage` in every chunk that `continuous_usage_stats` asks for (RECONSTRUCTED from
+    0.5.23's serving_chat.py: the CPU recordings were made without it) and `sglext.spec_tokens_details`
+    (RECONSTRUCTED: GPU only). Each answer is served to the next request in turn, warm-up first."""
+    queue = iter(answers)
+
+    def event(choices: list[object], **rest: object) -> bytes:
+        head = {"id": "x", "object": "chat.completion.chunk", "created": 0, "model": "m", "choices": choices}
+        return f"data: {json.dumps({**head, **rest})}\n\n".encode()
+
+    def text(content: str | None, finish: str | None = None) -> dict[str, object]:
+        delta = {"role": "assistant", "content": content}
+        return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish, "matched_stop": None}
+
+    async def handle(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/v1/models":
+            return httpx.Response(200, json={"object": "list", "data": [{"id": "/models/standin"}]})
+        answer = next(queue)
+        if answer.status != 200:
+            return httpx.Response(answer.status, json={"object": "error", "message": "stand-in: internal error"})
+
+        def usage(count: int) -> dict[str, int]:
+            return {"prompt_tokens": answer.prompt, "completion_tokens": count, "total_tokens": answer.prompt + count}
+
+        async def stream() -> AsyncIterator[bytes]:
+            yield event([text("")], usage=usage(0))
+            clock.now += answer.ttft
+            count = 1
+            yield event([text(" t0")], usage=usage(count))
+            for gap, tokens in answer.chunks:
+                clock.now += gap
+                count += tokens
+                yield event([text(" t" * tokens)], usage=usage(count))
+            clock.now += answer.tail
+            last = event([text(None, "length")], usage=usage(count))
+            if answer.verify is not None:
+                last += event([], sglext={"spec_tokens_details": {"spec_verify_ct": answer.verify}})
+            yield last + event([], usage=usage(count)) + b"data: [DONE]\n\n"
+
+        return httpx.Response(200, headers={"content-type": "text/event-stream"}, content=stream())
+
+    return httpx.MockTransport(handle)
+
+
+def bench_of(answers: list[Answer], warmup: int = 1) -> tuple[list[Outcome], float]:
+    """What the bench records of `answers`, one request at a time (so the shared clock is each one's)."""
+    clock = Clock()
+    plan = Plan(requests=len(answers) - warmup, concurrency=1, max_tokens=64, warmup=warmup)
+    return asyncio.run(
+        drive("http://standin", "chat", ["p"], plan, lambda _: None, clock, timed_standin(clock, answers))
+    )
+
+
+def test_a_bench_reads_the_timings_a_server_gave_exactly_and_leaves_the_warm_up_out() -> None:
+    warm = Answer(ttft=5.0, chunks=((1.0, 1),), tail=1.0)  # slow: a warm-up counted would show
+    first = Answer(ttft=0.040, chunks=((0.010, 1), (0.030, 3), (0.020, 2)), tail=0.004, prompt=120, verify=3)
+    second = Answer(ttft=0.100, chunks=(), tail=0.002, prompt=80, verify=1)
+    failed = Answer(status=500)
+    outcomes, took = bench_of([warm, first, second, failed])
+    assert [o.ok for o in outcomes] == [True, True, False] and took == pytest.approx(0.104 + 0.102)
+    one = outcomes[0]
+    assert one.start_s == 0.0 and one.ttft_s == pytest.approx(0.040)
+    assert one.gaps_s == pytest.approx([0.010, 0.030, 0.020])
+    assert one.chunk_tokens == [1, 3, 2] and one.latency_s == pytest.approx(0.104)
+    assert (one.completion_tokens, one.prompt_tokens, one.verify_ct) == (7, 120, 3)
+    assert outcomes[1].start_s == pytest.approx(0.104)
+    f = figures(outcomes, took)
+    assert (f["ok"], f["errors"], f["input_tokens"], f["output_tokens"]) == (2, 1, 200, 8)
+    assert f["request_s"] == round(2 / 0.206, 3) and f["total_tok_s"] == round(208 / 0.206, 3)
+    # ITL per token: the 30 ms chunk of 3 tokens is 3 gaps of 10 ms, the 20 ms one of 2 is 2 of 10 ms.
+    assert f["itl_ms"] == {"mean": 10.0, "median": 10.0, "p95": 10.0, "p99": 10.0, "max": 10.0}
+    assert f["tpot_ms"] is not None and f["tpot_ms"]["max"] == round(1000 * 0.064 / 6, 3)  # 1 token: no TPOT
+    assert f["e2e_ms"] == {"mean": 103.0, "median": 103.0, "p95": 103.9, "p99": 103.98, "max": 104.0}
+    assert f["accept_len"] == 2.0 and f["accept_len_per_request"] == {
+        "min": 1.0, "p5": 1.067, "median": 1.667, "p95": 2.267, "max": 2.333, "mean": 1.667
+    }  # fmt: skip
+
+
+def test_a_bench_whose_warm_up_all_failed_says_so_and_times_nothing() -> None:
+    with pytest.raises(BenchError, match=r"every warm-up request failed \(first: HTTP 500"):
+        bench_of([Answer(status=500), Answer()])
+
+
+def recorded_trace(speculative: bool) -> list[Answer]:
+    """A bench's worth of answers: varied first tokens and gaps, chunks of 1 to 4 tokens when speculative (1 else),
+    a request of a single token, one that failed."""
+    draw = random.Random(26)
+    answers = [Answer()]  # the warm-up
+    for index in range(24):
+        size = 1 if index == 5 else draw.randint(2, 40)
+        chunks = tuple(
+            (round(draw.uniform(0.002, 0.03), 6), draw.randint(1, 4) if speculative else 1) for _ in range(size - 1)
+        )
+        answers.append(
+            Answer(ttft=round(draw.uniform(0.02, 0.4), 6), chunks=chunks, tail=round(draw.uniform(0, 0.003), 6),
+                   prompt=draw.randint(10, 2000), verify=max(1, size // 3) if speculative else None,
+                   status=500 if index == 11 else 200)
+        )  # fmt: skip
+    return answers
+
+
+# bench_serving's figure (BenchmarkMetrics) : ours
+THROUGHPUTS = {
+    "completed": "ok", "total_input": "input_tokens", "total_output": "output_tokens",
+    "request_throughput": "request_s", "input_throughput": "input_tok_s", "output_throughput": "output_tok_s",
+    "total_throughput": "total_tok_s", "concurrency": "concurrency",
+}  # fmt: skip
+LATENCIES = {f"{stat}_{theirs}_ms": (ours, stat) for theirs, ours in
+             (("ttft", "ttft_ms"), ("tpot", "tpot_ms"), ("itl", "itl_ms"), ("e2e_latency", "e2e_ms"))
+             for stat in ("mean", "median", "p95", "p99")} | {"max_itl_ms": ("itl_ms", "max")}  # fmt: skip
+
+
+def test_our_figures_are_bench_servings_own_on_the_same_recorded_trace(sglang_python: Path) -> None:
+    """Real: SGLang 0.5.23's calculate_metrics (what `python -m sglang.bench_serving` prints), in its tier, on the
+    trace our bench recorded of the stand-in above: speculative (several tokens a chunk: bench_serving's
+    retokenized ITL, the accept length given) and plain (a token a chunk)."""
+    cases, ours = [], []
+    for speculative in (True, False):
+        outcomes, took = bench_of(recorded_trace(speculative))
+        requests = [{"ok": o.ok, "start_s": o.start_s, "ttft_s": o.ttft_s or 0.0, "latency_s": o.latency_s,
+                     "gaps_s": o.gaps_s, "chunk_tokens": o.chunk_tokens, "output_len": o.tokens,
+                     "prompt_len": o.prompt_tokens or 0} for o in outcomes]  # fmt: skip
+        assert sum(not o.ok for o in outcomes) == 1 and any(o.tokens == 1 for o in outcomes)
+        cases.append({"duration_s": took, "accept_length": 2.5 if speculative else None, "requests": requests})
+        ours.append(figures(outcomes, took))
+    done = subprocess.run(
+        [str(sglang_python), str(Path(__file__).parent / "bench_serving_tier.py")],
+        input=json.dumps(cases), capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    theirs = json.loads(done.stdout.strip().splitlines()[-1])
+    worst = 0.0
+    for mine, real in zip(ours, theirs, strict=True):
+        for name, key in THROUGHPUTS.items():
+            assert mine[key] == pytest.approx(real[name], abs=1e-3), name  # type: ignore[literal-required]
+        for name, (key, stat) in LATENCIES.items():
+            spread = mine[key]  # type: ignore[literal-required]
+            worst = max(worst, abs(spread[stat] - real[name]))
+            assert spread[stat] == pytest.approx(real[name], abs=1e-3), name  # within a microsecond
+    assert worst < 1e-3
 
 
 def test_a_runs_status_carries_its_latest_bench_results_without_the_served_command_line(tmp_path: Path) -> None:
@@ -157,19 +339,47 @@ def test_a_runs_status_carries_its_latest_bench_results_without_the_served_comma
 
 
 def test_a_bench_line_wraps_between_its_figures_to_the_panels_width() -> None:
+    itl = {"mean": 2.2, "median": 2.14, "p95": 2.9, "p99": 3.04, "max": 4}
     result = {
         "t": 0,
         "settings": {"api": "chat", "concurrency": 16, "max_tokens": 512},
-        "figures": {"ok": 31, "errors": 1, "cut": 0, "accept_len": 2.345, "output_tok_s": 1234.5,
-                    "ttft_ms": {"p50": 41.2, "p90": 50, "p99": 63.9}, "itl_ms": None},
-    }  # fmt: skip
+        "figures": {
+            "ok": 31,
+            "errors": 1,
+            "cut": 0,
+            "accept_len": 2.345,
+            "output_tok_s": 1234.5,
+            "ttft_ms": {"p50": 41.2, "p90": 50, "p99": 63.9},
+            "itl_ms": itl,
+        },
+    }  # fmt: skip  (TTFT as a result stored before bench_serving's figures: p50 for the median)
     [heading, whole] = bench_lines([result])
     assert heading.startswith("bench")
-    figures = ["accept 2.35", "1234 tok/s", "TTFT 41/64 ms", "ITL n/a", "31/32 ok", "chat c16 m512"]
-    assert whole.split("  ")[2:] == figures
+    # Named as /metrics' series (ttft_p50, itl_p99), ITL per token as theirs.
+    figures = ["accept 2.35", "1234 tok/s", "ttft_p50/p99 41/64 ms", "itl_p50/p99 2.1/3.0 ms", "31/32 ok"]
+    assert whole.split("  ")[2:] == [*figures, "chat c16 m512"]
     wrapped = bench_lines([result], width=30)[1:]
     assert len(wrapped) > 1 and all(len(line) <= 30 for line in wrapped)
     assert " ".join(" ".join(wrapped).split()) == " ".join(whole.split())
+
+
+def test_two_drafts_benches_sit_side_by_side_under_bench_servings_names() -> None:
+    def result(draft: str, tok_s: float, ttft: float) -> dict[str, object]:
+        stats = {"mean": ttft, "median": ttft, "p95": ttft, "p99": ttft, "max": ttft}
+        figures = {"ok": 32, "errors": 0, "cut": 0, "output_tok_s": tok_s, "accept_len": 3.1, "ttft_ms": stats}
+        return {"draft": draft, "figures": figures}
+
+    table = bench_compare(
+        [({"id": "a", "name": "srv-1200"}, result("/d/step-1200/", 1500.5, 40.0)),
+         ({"id": "b", "name": "srv-\x1b[2J"}, result("/d/step-2400", 1720.25, 38.5))]
+    )  # fmt: skip
+    assert table[0].split() == ["srv-1200", "srv-\\x1b[2J"]  # a name's control characters shown, not obeyed
+    assert table[1].split() == ["step-1200", "step-2400"]
+    rows = {name: values.split() for name, values in (re.split(r"(?<=:) ", line, maxsplit=1) for line in table[2:])}
+    assert rows["Output token throughput (tok/s):"] == ["1,500.50", "1,720.25"]
+    assert rows["Median TTFT (ms):"] == ["40.00", "38.50"] and rows["Mean TPOT (ms):"] == ["n/a", "n/a"]
+    assert rows["Successful requests:"] == ["32", "32"] and rows["Accept length:"] == ["3.10", "3.10"]
+    assert len({len(line) for line in table[2:]}) == 1  # the columns line up
 
 
 # ----- prompts -----
@@ -178,6 +388,28 @@ def test_a_bench_line_wraps_between_its_figures_to_the_panels_width() -> None:
 def test_the_builtin_prompts_vary_in_length() -> None:
     sizes = sorted(len(p) for p in load_prompts("builtin"))
     assert len(sizes) >= 10 and sizes[0] < 40 and sizes[-1] > 1500
+
+
+def test_random_prompts_are_token_ids_of_the_length_asked_the_same_for_a_seed() -> None:
+    prompts = random_prompts(5, 300, seed=3)
+    assert [len(p) for p in prompts] == [300] * 5 and len({tuple(p) for p in prompts}) == 5
+    assert prompts == random_prompts(5, 300, seed=3) != random_prompts(5, 300, seed=4)
+    assert all(1000 <= i < 30000 for p in prompts for i in p)
+
+
+def test_a_sharegpt_file_gives_each_conversations_first_human_turn(tmp_path: Path) -> None:
+    rows = [
+        {"id": "a", "conversations": [{"from": "human", "value": "hi there"}, {"from": "gpt", "value": "hello"}]},
+        {"id": "b", "conversations": [{"from": "gpt", "value": "only the model speaks"}]},
+        {"id": "c", "conversations": [{"from": "system", "value": "s"}, {"from": "human", "value": "2+2?"}]},
+    ]
+    (tmp_path / "share.json").write_text(json.dumps(rows))
+    assert load_prompts("share.json", cwd=str(tmp_path)) == ["hi there", "2+2?"]
+    (tmp_path / "share.jsonl").write_text("\n".join(json.dumps(r) for r in rows[:1]))
+    assert load_prompts("share.jsonl", cwd=str(tmp_path)) == ["hi there"]
+    (tmp_path / "bad.json").write_text('{"not": "a list"}')
+    with pytest.raises(BenchError, match="holds no list of conversations"):
+        load_prompts(str(tmp_path / "bad.json"))
 
 
 def test_a_prompt_file_is_a_prompt_per_line_or_jsonl(tmp_path: Path) -> None:
@@ -237,8 +469,12 @@ def test_bench_of_a_serve_run_prints_its_figures_stores_them_with_the_run_and_st
     bench = cli("bench", "srv", "--requests", "6", "--concurrency", "2", "--max-tokens", "12", timeout=90)
     assert bench.returncode == 0, bench.stderr
     table = bench.stdout.decode()
-    assert "6 ok, 0 errors, 0 cut" in table and "accept len    3" in table
-    assert "output        " in table and "tok/s" in table and "TTFT          p50" in table and "ITL" in table
+    rows = dict(re.findall(r"^(\S.*?:) +(\S+)$", table, re.MULTILINE))
+    assert rows["Successful requests:"] == "6" and rows["Accept length:"] == "3.00"
+    assert rows["Total generated tokens:"] == "72" and rows["Total input tokens:"] == "54"  # 9 a prompt
+    assert float(rows["Output token throughput (tok/s):"]) > 0 and float(rows["P99 ITL (ms):"]) > 0
+    assert rows["Accept length per request, min:"] == rows["Accept length per request, max:"] == "3.00"
+    assert "1 warm-up and 6 timed requests" in table
     [result] = stored(workdir, run_id)
     assert result["served_run"] == run_id and result["draft"] == "/drafts/step-1200"
     assert "--accept-len" in result["argv"] and result["bench_run"] and result["bench_run"] != run_id
@@ -248,9 +484,12 @@ def test_bench_of_a_serve_run_prints_its_figures_stores_them_with_the_run_and_st
         "concurrency": 2,
         "max_tokens": 12,
         "api": "chat",
+        "request_rate": None,
+        "warmup": 1,
+        "seed": 1,
     }
     assert result["figures"]["accept_len"] == 3.0 and result["figures"]["output_tokens"] == 72
-    assert result["figures"]["ttft_ms"]["p50"] > 0 and result["first_error"] is None
+    assert result["figures"]["ttft_ms"]["median"] > 0 and result["first_error"] is None
     # A second bench (completions, as JSON) goes beside the first; status shows both, newest last.
     again = cli("bench", run_id, "--api", "completions", "--requests", "3", "--max-tokens", "8", "--json", timeout=90)
     assert again.returncode == 0, again.stderr
@@ -258,12 +497,23 @@ def test_bench_of_a_serve_run_prints_its_figures_stores_them_with_the_run_and_st
     assert shown["bench_run"] != result["bench_run"] and shown["settings"]["api"] == "completions"
     assert [r["bench_run"] for r in stored(workdir, run_id)] == [result["bench_run"], shown["bench_run"]]
     status = cli("status", run_id).stdout.decode()
-    lines = status[status.index("bench (") :].splitlines()[1:]
+    lines = status[status.index("\nbench:\n") + 1 :].splitlines()[1:]
     assert len(lines) == 2 and "accept 3.00" in lines[0] and "6/6 ok  chat c2 m12" in lines[0]
     assert "3/3 ok  completions c4 m8" in lines[1]
     # The bench was a run of its own, ended well, with its log.
     info = json.loads(cli("status", result["bench_run"], "--json").stdout)
     assert info["kind"] == "command" and info["state"] == "exited" and info["name"] == f"bench-{run_id}"
+    # Two benches side by side: a serve run's latest (the completions one) against the same draft by name.
+    compared = cli("bench", "--compare", run_id, "srv")
+    assert compared.returncode == 0, compared.stderr
+    lines = compared.stdout.decode().splitlines()
+    assert lines[0].split() == ["srv", "srv"] and lines[1].split() == ["step-1200", "step-1200"]
+    assert [line.split()[-2:] for line in lines if line.startswith("Successful requests:")] == [["3", "3"]]
+    alone = cli("bench", "--compare", run_id, result["bench_run"])
+    assert alone.returncode == 1 and b"has no bench result yet; bench it first" in alone.stderr
+    for usage in ([], ["--compare", run_id, run_id, run_id], [run_id, "--compare", run_id, run_id]):
+        wrong = cli("bench", *usage)
+        assert wrong.returncode == 2 and len(wrong.stderr.strip().splitlines()) == 1, wrong.stderr
 
 
 def test_a_server_that_errs_or_cuts_streams_midway_is_counted_and_the_bench_fails(cli: CLI, workdir: Path) -> None:
@@ -272,10 +522,11 @@ def test_a_server_that_errs_or_cuts_streams_midway_is_counted_and_the_bench_fail
     assert bench.returncode == 1
     [result] = stored(workdir, run_id)
     f = result["figures"]
-    # Requests 3, 6, 9, 12 answered HTTP 500; 4 and 8 cut half-way (the stand-in counts every request).
+    # Requests 3, 6, 9, 12 answered HTTP 500; 4 and 8 cut half-way (the stand-in counts every request, the warm-up
+    # its first, so 12 timed requests are its 2nd to 13th).
     assert (f["ok"], f["errors"], f["cut"]) == (6, 4, 2)
     assert f["output_tokens"] == 60 and result["first_error"]
-    assert "6 ok, 4 errors, 2 cut" in bench.stdout.decode()
+    assert re.search(r"^Successful requests: +6 \(6 failed\)$", bench.stdout.decode(), re.MULTILINE)
     assert "6 of 12 requests failed" in bench.stdout.decode()
 
 
@@ -316,10 +567,10 @@ async def test_the_console_shows_a_serve_runs_latest_bench_results_in_its_detail
         app.select_run(run_id)
         detail = app.query_one(RunDetail)
         text = await until(
-            pilot, lambda: detail.shown is not None and "bench (TTFT" in detail.shown.plain and detail.shown
+            pilot, lambda: detail.shown is not None and "\nbench:\n" in detail.shown.plain and detail.shown
         )
-        shown = text.plain[text.plain.index("bench (TTFT") :].split("\n", 1)[1]  # below its heading
+        shown = text.plain[text.plain.index("\nbench:\n") + 1 :].split("\n", 1)[1]  # below its heading
         # The latest three, each with its figures (wrapped between figures to the panel's width).
         assert re.findall(r"(\d+/\d+) ok", shown) == ["3/3", "4/4", "5/5"]
-        assert shown.count("accept 2.50") == shown.count("tok/s") == shown.count("TTFT ") == 3
+        assert shown.count("accept 2.50") == shown.count("tok/s") == shown.count("ttft_p50/p99 ") == 3
         await pilot.press("q")

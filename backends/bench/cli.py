@@ -1,6 +1,7 @@
-"""`python -m backends.bench (--served-run DIR | --url URL) [--prompts builtin|FILE] [--requests N]
-[--concurrency N] [--max-tokens N] [--api chat|completions] [--out FILE]`: drive a served draft and store what it
-did as one line of bench.jsonl (the served run's, else this run's own, else --out).
+"""`python -m backends.bench (--served-run DIR | --url URL) [--prompts builtin|random|FILE] [--input-len N]
+[--requests N] [--concurrency N] [--request-rate R] [--warmup N] [--max-tokens N] [--api chat|completions]
+[--seed N] [--out FILE]`: drive a served draft and store what it did as one line of bench.jsonl (the served run's,
+else this run's own, else --out). Its figures are bench_serving's (backends/bench/measure.py).
 
 The agent starts it as a run (`bench_spec`), so a bench has a log, can be killed, and goes on when the console's
 link drops. Exit 0 when every request streamed to its end, 1 otherwise (the result is stored all the same), 2 for
@@ -16,8 +17,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
-import math
 import os
 import sys
 import time
@@ -26,22 +25,21 @@ from pathlib import Path
 from typing import NoReturn
 
 from backends import PACKAGE_ROOT, serving
-from backends.bench.prompts import PROMPTS
-from backends.bench.stream import APIS, BenchError, Outcome
+from backends.bench.measure import figures
+from backends.bench.prompts import BUILTIN, RANDOM, load_prompts, random_prompts
+from backends.bench.stream import APIS, BenchError, Outcome, Prompt
+from backends.bench.table import figures_table
 from backends.fileio import append_jsonl
 from backends.masking import mask_argv
 from backends.protocol import (
     ENV_RUN_DIR,
     ENV_RUN_ID,
     TERMINAL_STATES,
-    BenchFigures,
     BenchResult,
     BenchSettings,
-    Percentiles,
 )
 from backends.runs.store import BENCH, RunDir, RunSpec, RunStore, StoreError
 
-BUILTIN = "builtin"
 MODULE = "backends.bench"
 PROGRESS_LINES = 10  # about this many progress lines per bench, whatever its size
 
@@ -56,40 +54,22 @@ def positive(text: str) -> int:
     return value
 
 
-# ----- what to send -----
+def not_negative(text: str) -> int:
+    return 0 if text.strip() == "0" else positive(text)
 
 
-def load_prompts(source: str, cwd: str | None = None) -> list[str]:
-    """The built-in prompts, or a file's: a .jsonl file holds one JSON string (or object with "prompt" or "text")
-    per line; any other file one prompt per line. BenchError when it cannot be read or holds none."""
-    if source == BUILTIN:
-        return list(PROMPTS)
-    path = Path(cwd or ".") / Path(source).expanduser()
+def rate(text: str) -> float | None:
+    """Requests a second: a number above 0, or inf (bench_serving's spelling of all at once: None)."""
     try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise BenchError(f"cannot read the prompt file {path}: {getattr(exc, 'strerror', None) or exc}") from None
-    lines = [(number, line) for number, line in enumerate(text.splitlines(), 1) if line.strip()]
-    prompts = (
-        [_jsonl_prompt(path, number, line) for number, line in lines]
-        if path.suffix == ".jsonl"
-        else [line for _, line in lines]
-    )
-    if not prompts:
-        raise BenchError(f"the prompt file {path} holds no prompt; give one per line, or --prompts builtin")
-    return prompts
-
-
-def _jsonl_prompt(path: Path, number: int, line: str) -> str:
-    try:
-        row = json.loads(line)
+        value = float(text)
     except ValueError:
-        row = None
-    if isinstance(row, dict):
-        row = row.get("prompt", row.get("text"))
-    if not isinstance(row, str) or not row.strip():
-        raise BenchError(f'{path} line {number} is not a prompt: give a JSON string or {{"prompt": "..."}}')
-    return row
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of requests a second") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text} is not above 0 (inf: all at once)")
+    return None if value == float("inf") else value
+
+
+# ----- what to send -----
 
 
 # ----- where -----
@@ -125,15 +105,22 @@ def bench_spec(
     api: str,
     name: str | None,
     cwd: str | None,
+    input_len: int = 1024,
+    request_rate: float | None = None,
+    warmup: int = 1,
+    seed: int = 1,
 ) -> tuple[RunSpec, str | None]:
     """The run that benches `target` (a serve run, or a URL), and the serve run it measures; BenchError when the
     bench could not run (the run is no serve run, or has ended), ValueError for a setting out of range."""
-    if min(requests, concurrency, max_tokens) <= 0:
-        raise ValueError("--requests, --concurrency and --max-tokens need 1 or more")
+    if min(requests, concurrency, max_tokens, input_len) <= 0:
+        raise ValueError("--requests, --concurrency, --max-tokens and --input-len need 1 or more")
+    if warmup < 0 or (request_rate is not None and not request_rate > 0):
+        raise ValueError("--warmup needs 0 or more, --request-rate a number above 0")
     if api not in APIS:
         raise ValueError(f"unknown api {api!r}; use one of {', '.join(APIS)}")
     args = ["--prompts", prompts, "--requests", str(requests), "--concurrency", str(concurrency)]
-    args += ["--max-tokens", str(max_tokens), "--api", api]
+    args += ["--max-tokens", str(max_tokens), "--api", api, "--input-len", str(input_len)]
+    args += ["--request-rate", str(request_rate or "inf"), "--warmup", str(warmup), "--seed", str(seed)]
     served: str | None = None
     if is_url(target):
         args += ["--url", target]
@@ -159,67 +146,24 @@ def bench_spec(
 # ----- what it did -----
 
 
-def percentiles(values: list[float]) -> Percentiles | None:
-    """p50, p90, p99 in milliseconds (linear between the nearest ranks, as numpy's default); None for none."""
-    if not values:
-        return None
-    ordered = sorted(values)
-
-    def at(q: float) -> float:
-        rank = q * (len(ordered) - 1)
-        low = math.floor(rank)
-        high = min(low + 1, len(ordered) - 1)
-        return round(1000 * (ordered[low] + (ordered[high] - ordered[low]) * (rank - low)), 3)
-
-    return {"p50": at(0.5), "p90": at(0.9), "p99": at(0.99)}
-
-
-def figures(outcomes: list[Outcome], duration_s: float) -> BenchFigures:
-    """The bench's figures over the requests that streamed to their end."""
-    done = [o for o in outcomes if o.ok]
-    tokens = sum(o.tokens for o in done)
-    verified = [o for o in done if o.verify_ct and o.completion_tokens is not None]
-    steps = sum(o.verify_ct or 0 for o in verified)
-    accepted = sum(o.completion_tokens or 0 for o in verified)
-    return {
-        "ok": len(done),
-        "errors": sum(o.error is not None for o in outcomes),
-        "cut": sum(o.cut is not None for o in outcomes),
-        "output_tokens": tokens,
-        "duration_s": round(duration_s, 3),
-        "output_tok_s": round(tokens / duration_s, 2) if done and duration_s > 0 else None,
-        "accept_len": round(accepted / steps, 3) if steps else None,
-        "ttft_ms": percentiles([o.ttft_s for o in done if o.ttft_s is not None]),
-        "itl_ms": percentiles([gap for o in done for gap in o.gaps_s]),
-    }
-
-
 def first_error(outcomes: list[Outcome]) -> str | None:
     return next((o.error or f"stream cut: {o.cut}" for o in outcomes if not o.ok), None)
 
 
 def result_table(result: BenchResult) -> str:
-    """The result as a person reads it: settings, then one figure per line."""
-    f, s = result["figures"], result["settings"]
-
-    def num(value: float | None, unit: str = "") -> str:
-        return "n/a" if value is None else f"{value:g}{unit}"
-
-    def spread(p: Percentiles | None) -> str:
-        return "n/a" if p is None else f"p50 {p['p50']:.1f}  p90 {p['p90']:.1f}  p99 {p['p99']:.1f} ms"
-
+    """The result as a person reads it: what was benched and how, then bench_serving's figures."""
+    s = result["settings"]
     where = result["served_run"] or result["url"]
+    prompts = f"random {s.get('input_len')} tokens" if s.get("prompts") == RANDOM else s.get("prompts")
+    rate = s.get("request_rate")
     lines = [
-        f"bench of {where} ({s['api']}, {s['requests']} requests, {s['concurrency']} at a time, "
-        f"max {s['max_tokens']} tokens, prompts {s['prompts']})",
-        f"  requests      {f['ok']} ok, {f['errors']} errors, {f['cut']} cut",
-        f"  accept len    {num(f['accept_len'])}" + ("" if f["accept_len"] is not None else " (the server gave none)"),
-        f"  output        {num(f['output_tok_s'], ' tok/s')}  ({f['output_tokens']} tokens in {f['duration_s']:g} s)",
-        f"  TTFT          {spread(f['ttft_ms'])}",
-        f"  ITL           {spread(f['itl_ms'])}",
+        f"bench of {where} ({s.get('api')}, {s.get('requests')} requests after {s.get('warmup', 0)} warm-up, "
+        f"{'all at once' if rate is None else f'{rate:g}/s'}, {s.get('concurrency')} at most at a time, "
+        f"max {s.get('max_tokens')} tokens, prompts {prompts})",
+        *figures_table([([result["draft"] or str(where)], result["figures"])]),
     ]
     if result["first_error"]:
-        lines.append(f"  first error   {result['first_error']}")
+        lines.append(f"first error: {result['first_error']}")
     return "\n".join(lines)
 
 
@@ -236,11 +180,20 @@ def parser() -> Parser:
     where = p.add_mutually_exclusive_group(required=True)
     where.add_argument("--served-run", type=Path, metavar="DIR", help="the serve run's folder in the run store")
     where.add_argument("--url", help="the server's base URL, e.g. http://127.0.0.1:30000")
-    p.add_argument("--prompts", default=BUILTIN, help="builtin, or a .txt (a prompt per line) or .jsonl file")
-    p.add_argument("--requests", type=positive, default=32)
-    p.add_argument("--concurrency", type=positive, default=4)
+    p.add_argument(
+        "--prompts",
+        default=BUILTIN,
+        help="builtin; random (--input-len token ids each, answers --max-tokens long, through completions); or a "
+        ".txt (a prompt per line), .jsonl or ShareGPT .json file",
+    )
+    p.add_argument("--input-len", type=positive, default=1024, help="tokens per random prompt")
+    p.add_argument("--requests", type=positive, default=32, help="timed requests")
+    p.add_argument("--concurrency", type=positive, default=4, help="requests in flight at most")
+    p.add_argument("--request-rate", type=rate, default=None, help="requests a second, Poisson (default inf)")
+    p.add_argument("--warmup", type=not_negative, default=1, help="requests sent first, left out of the figures")
     p.add_argument("--max-tokens", type=positive, default=256)
     p.add_argument("--api", choices=tuple(APIS), default="chat")
+    p.add_argument("--seed", type=int, default=1, help="of the random prompts and the arrivals")
     p.add_argument("--out", type=Path, help="the bench.jsonl to append to (default: the served run's)")
     return p
 
@@ -276,6 +229,11 @@ def where_to(ns: argparse.Namespace) -> tuple[str, RunDir | None, Path | None]:
     return served_url(run, spec), run, ns.out or run.file(BENCH)
 
 
+def api(ns: argparse.Namespace) -> str:
+    """Random prompts are token ids, which only the completions endpoint takes."""
+    return "completions" if ns.prompts == RANDOM else str(ns.api)
+
+
 def record(
     ns: argparse.Namespace, url: str, served: RunDir | None, outcomes: list[Outcome], took: float
 ) -> BenchResult:
@@ -286,8 +244,13 @@ def record(
         "requests": ns.requests,
         "concurrency": ns.concurrency,
         "max_tokens": ns.max_tokens,
-        "api": ns.api,
+        "api": api(ns),
+        "request_rate": ns.request_rate,
+        "warmup": ns.warmup,
+        "seed": ns.seed,
     }
+    if ns.prompts == RANDOM:
+        settings["input_len"] = ns.input_len
     return {
         "t": round(time.time(), 3),
         "bench_run": os.environ.get(ENV_RUN_ID),
@@ -304,17 +267,25 @@ def record(
 def main(argv: list[str] | None = None) -> int:
     ns = parser().parse_args(argv)
     try:
-        from backends.bench.client import drive  # httpx: needed only here, not by the agent that starts a bench
+        from backends.bench.client import Plan, drive  # httpx: needed only here, not by the agent that starts a bench
     except ImportError as exc:
         say(f"cannot send requests: {exc}; install httpx in {sys.executable} (pip install httpx)")
         return 1
     try:
         url, served, out = where_to(ns)
-        prompts = load_prompts(ns.prompts)
-        say(f"{ns.requests} requests to {url} ({ns.api}), {ns.concurrency} at a time, from {len(prompts)} prompts")
-        outcomes, took = asyncio.run(
-            drive(url, ns.api, prompts, ns.requests, ns.concurrency, ns.max_tokens, progress_printer(ns.requests))
+        prompts: list[Prompt]
+        if ns.prompts == RANDOM:
+            prompts = list(random_prompts(ns.warmup + ns.requests, ns.input_len, ns.seed))
+        else:
+            prompts = list(load_prompts(ns.prompts))
+        plan = Plan(
+            ns.requests, ns.concurrency, ns.max_tokens, ns.warmup, ns.request_rate, ns.seed, ns.prompts == RANDOM
         )
+        say(
+            f"{ns.warmup} warm-up and {ns.requests} timed requests to {url} ({api(ns)}), {ns.concurrency} at most at "
+            f"a time, from {len(prompts)} prompts"
+        )
+        outcomes, took = asyncio.run(drive(url, api(ns), prompts, plan, progress_printer(ns.requests)))
     except BenchError as exc:
         say(str(exc))
         return 1

@@ -5,7 +5,9 @@ The stream, as SGLang 0.5.23 writes it (srt/entrypoints/openai/serving_chat.py, 
 sse_utils.py): one `data: {json}` line and a blank line per event; chat chunks carry `choices[0].delta.content`,
 completion chunks `choices[0].text`; with `return_spec_tokens_details` a chunk with empty `choices` carries
 `sglext.spec_tokens_details` (`spec_verify_ct`, `spec_accept_length`) once the request ends; with
-`stream_options.include_usage` a last chunk carries `usage.completion_tokens`; then `data: [DONE]`. An error
+`stream_options.include_usage` a last chunk carries `usage.completion_tokens`, and with
+`continuous_usage_stats` every text chunk carries the running count too (so each chunk's tokens are known without a
+tokenizer); then `data: [DONE]`. An error
 after the stream began is `data: {"error": {"message": ..., "code": ...}}`.
 """
 
@@ -23,16 +25,23 @@ class BenchError(Exception):
     """A bench that cannot be run; the message says why and what to do."""
 
 
-def request_body(api: str, model: str, prompt: str, max_tokens: int) -> dict[str, Any]:
-    """A streamed, greedy request (the target's output, so the work, is then the same for every draft)."""
+Prompt = str | list[int]  # text, or token ids (random prompts of an exact length, sent to /v1/completions)
+
+
+def request_body(api: str, model: str, prompt: Prompt, max_tokens: int, ignore_eos: bool = False) -> dict[str, Any]:
+    """A streamed, greedy request (the target's output, so the work, is then the same for every draft);
+    `ignore_eos` makes every answer `max_tokens` long, as bench_serving's random prompts are."""
     body: dict[str, Any] = {
         "model": model,
         "max_tokens": max_tokens,
         "temperature": 0,
         "stream": True,
-        "stream_options": {"include_usage": True},  # completion_tokens, counted by the server
+        # the server's own token counts: running in each chunk, and the whole request's in the last
+        "stream_options": {"include_usage": True, "continuous_usage_stats": True},
         "return_spec_tokens_details": True,  # SGLang's own verify steps for this request (0.5.23; older: ignored)
     }
+    if ignore_eos:
+        body["ignore_eos"] = True
     if api == "chat":
         body["messages"] = [{"role": "user", "content": prompt}]
     else:
@@ -76,7 +85,8 @@ class Chunk:
     text: str = ""
     done: bool = False
     error: str | None = None
-    completion_tokens: int | None = None
+    completion_tokens: int | None = None  # the running count so far (continuous usage), or the request's
+    prompt_tokens: int | None = None
     verify_ct: int | None = None  # SGLang's verification steps for the request (speculative decoding only)
 
 
@@ -94,7 +104,12 @@ def parse_chunk(payload: str) -> Chunk:
         error = obj["error"]
         message = error.get("message") if isinstance(error, dict) else error
         return Chunk(error=str(message))
-    return Chunk(text=_text(obj.get("choices")), completion_tokens=_usage(obj), verify_ct=_verify_ct(obj))
+    return Chunk(
+        text=_text(obj.get("choices")),
+        completion_tokens=_usage(obj, "completion_tokens"),
+        prompt_tokens=_usage(obj, "prompt_tokens"),
+        verify_ct=_verify_ct(obj),
+    )
 
 
 def _text(choices: Any) -> str:
@@ -110,9 +125,9 @@ def _count(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
 
 
-def _usage(obj: dict[str, Any]) -> int | None:
+def _usage(obj: dict[str, Any], key: str) -> int | None:
     usage = obj.get("usage")
-    return _count(usage.get("completion_tokens")) if isinstance(usage, dict) else None
+    return _count(usage.get(key)) if isinstance(usage, dict) else None
 
 
 def _verify_ct(obj: dict[str, Any]) -> int | None:
@@ -127,10 +142,14 @@ def _verify_ct(obj: dict[str, Any]) -> int | None:
 class Outcome:
     """One request of a bench: when its tokens came, how many, and how it ended."""
 
+    start_s: float = 0.0  # when it was sent, from the start of the timed part
     ttft_s: float | None = None
     gaps_s: list[float] = field(default_factory=list)  # between chunks that carried text
+    chunk_tokens: list[int] = field(default_factory=list)  # the tokens of the chunk that ends each gap
+    latency_s: float = 0.0  # from the send to the last line read (E2E)
     chunks: int = 0  # chunks that carried text
     completion_tokens: int | None = None
+    prompt_tokens: int | None = None
     verify_ct: int | None = None
     error: str | None = None  # the server's answer was an error, or there was none
     cut: str | None = None  # the stream ended before its [DONE]: how

@@ -160,7 +160,14 @@ async def follow_startup(client: AgentClient, run: str) -> int:
 
 
 async def cmd_bench(client: AgentClient, ns: argparse.Namespace, _: list[str]) -> int:
-    """A bench run on the host, followed to its end: its progress and result table (or, with --json, the result)."""
+    """A bench run on the host, followed to its end: its progress and result table (or, with --json, the result);
+    with --compare, two serve runs' latest results side by side."""
+    if (ns.compare is None) == (ns.target is None):
+        raise UsageError("give a serve run or URL to bench, or --compare RUN RUN")
+    if ns.warmup < 0:
+        raise UsageError("--warmup needs 0 or more")
+    if ns.compare is not None:
+        return await compare_benches(client, ns.compare, ns.json)
     launched = await client.bench(
         ns.target,
         prompts=ns.prompts,
@@ -168,6 +175,10 @@ async def cmd_bench(client: AgentClient, ns: argparse.Namespace, _: list[str]) -
         concurrency=ns.concurrency,
         max_tokens=ns.max_tokens,
         api=ns.api,
+        input_len=ns.input_len,
+        request_rate=ns.request_rate,
+        warmup=ns.warmup,
+        seed=ns.seed,
         name=ns.name,
         cwd=os.getcwd(),
     )
@@ -195,6 +206,23 @@ async def cmd_bench(client: AgentClient, ns: argparse.Namespace, _: list[str]) -
             return EXIT_FAILED
         dump(result)
     return EXIT_OK if final == "exited" else EXIT_FAILED
+
+
+async def compare_benches(client: AgentClient, runs: list[str], as_json: bool) -> int:
+    """Each serve run's latest bench, side by side (a column per run)."""
+    latest = []
+    for run in runs:
+        info = await client.run_info(run)
+        stored = info.get("bench") or []
+        if not stored:
+            note(f"run {info['id']} has no bench result yet; bench it first: bench {info['id']}")
+            return EXIT_FAILED
+        latest.append((info, stored[-1]))
+    if as_json:
+        dump([{"run": info["id"], **result} for info, result in latest])
+    else:
+        out("\n".join(render.bench_compare(latest)))
+    return EXIT_OK
 
 
 async def cmd_doctor(client: AgentClient, ns: argparse.Namespace, _: list[str]) -> int:

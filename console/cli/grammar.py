@@ -78,6 +78,17 @@ def positive(text: str) -> int:
     return value
 
 
+def request_rate(text: str) -> float | None:
+    """Above 0, or inf (bench_serving's all at once: None)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of requests a second") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError("give more than 0 requests a second, or inf")
+    return None if math.isinf(value) else value
+
+
 def stall_window(text: str) -> float:
     value = seconds(text)
     if value == 0:
@@ -344,17 +355,34 @@ def serve(p: Parser) -> None:
 
 @command(
     "bench",
-    "drive a served draft from the host: bench RUN|URL [--requests N] [--concurrency N] [--max-tokens N]",
+    "drive a served draft from the host: bench RUN|URL [--requests N] [--concurrency N] [--request-rate R], or "
+    "bench --compare RUN RUN",
     description="Streams completions through the server's OpenAI-compatible API from the host (a run of its own: "
-    "`logs`, `kill`, and it goes on when the link drops), then prints acceptance length, output tok/s, and TTFT "
-    "and ITL percentiles; each result is stored with the serve run (bench.jsonl), shown by `status RUN` and the "
-    "console.",
+    "`logs`, `kill`, and it goes on when the link drops), then prints SGLang bench_serving's figures with its "
+    "definitions (request, input, output and total throughput; TTFT, TPOT, ITL per token and E2E latency: mean, "
+    "median, p95, p99, max) and SGLang's acceptance length, over all and per request; each result is stored with "
+    "the serve run (bench.jsonl), shown by `status RUN` and the console. --compare puts two serve runs' latest "
+    "benches side by side.",
 )
 def bench(p: Parser) -> None:
-    run_argument(p, dest="target", metavar="RUN|URL", help="a serve run (id, prefix or name), or http://HOST:PORT")
-    p.add_argument("--prompts", default="builtin", help="builtin, or a file on the host: a prompt per line, or .jsonl")
-    p.add_argument("--requests", type=positive, default=32, help="requests in all (default 32)")
-    p.add_argument("--concurrency", type=positive, default=4, help="requests at a time (default 4)")
+    run_argument(
+        p, dest="target", nargs="?", metavar="RUN|URL", help="a serve run (id, prefix or name), or http://HOST:PORT"
+    )
+    p.add_argument("--compare", nargs=2, metavar="RUN", action=RunArgument, help="two serve runs' latest benches")
+    p.add_argument(
+        "--prompts",
+        default="builtin",
+        help="builtin; random (--input-len random token ids each, answers exactly --max-tokens long); or a file on "
+        "the host: a prompt per line, .jsonl, or ShareGPT .json",
+    )
+    p.add_argument("--input-len", type=positive, default=1024, help="tokens per random prompt (default 1024)")
+    p.add_argument("--requests", type=positive, default=32, help="timed requests (default 32)")
+    p.add_argument("--warmup", type=int, default=1, help="requests sent first and left out of the figures (default 1)")
+    p.add_argument("--concurrency", type=positive, default=4, help="requests in flight at most (default 4)")
+    p.add_argument(
+        "--request-rate", type=request_rate, default=None, help="requests a second, Poisson arrivals (default inf)"
+    )
+    p.add_argument("--seed", type=int, default=1, help="of the random prompts and the arrivals (default 1)")
     p.add_argument("--max-tokens", type=positive, default=256, help="tokens per answer at most (default 256)")
     p.add_argument("--api", choices=("chat", "completions"), default="chat", help="the endpoint (default chat)")
     p.add_argument("--name", help="a name to find the bench's run by (default: bench-RUN)")
