@@ -181,12 +181,14 @@ class Answer:
     status: int = 200
 
 
-def timed_standin(clock: Clock, answers: list[Answer]) -> httpx.MockTransport:
+def timed_standin(clock: Clock, answers: list[Answer], in_flight: list[int] | None = None) -> httpx.MockTransport:
     """SGLang's chat stream, field by field as tests/sglang_standin.py writes it (REAL shape, from the real server's
     streams), with the running `usage` in every chunk that `continuous_usage_stats` asks for (RECONSTRUCTED from
     0.5.23's serving_chat.py: the CPU recordings were made without it) and `sglext.spec_tokens_details`
-    (RECONSTRUCTED: GPU only). Each answer is served to the next request in turn, warm-up first."""
+    (RECONSTRUCTED: GPU only). Each answer is served to the next request in turn, warm-up first; `in_flight` gets
+    how many streams are open whenever one opens."""
     queue = iter(answers)
+    open_streams = [0]
 
     def event(choices: list[object], **rest: object) -> bytes:
         head = {"id": "x", "object": "chat.completion.chunk", "created": 0, "model": "m", "choices": choices}
@@ -207,7 +209,11 @@ def timed_standin(clock: Clock, answers: list[Answer]) -> httpx.MockTransport:
             return {"prompt_tokens": answer.prompt, "completion_tokens": count, "total_tokens": answer.prompt + count}
 
         async def stream() -> AsyncIterator[bytes]:
+            open_streams[0] += 1
+            if in_flight is not None:
+                in_flight.append(open_streams[0])
             yield event([text("")], usage=usage(0))
+            await asyncio.sleep(0)  # the other requests' turn, as a server's streams interleave
             clock.now += answer.ttft
             count = 1
             yield event([text(" t0")], usage=usage(count))
@@ -219,6 +225,7 @@ def timed_standin(clock: Clock, answers: list[Answer]) -> httpx.MockTransport:
             last = event([text(None, "length")], usage=usage(count))
             if answer.verify is not None:
                 last += event([], sglext={"spec_tokens_details": {"spec_verify_ct": answer.verify}})
+            open_streams[0] -= 1
             yield last + event([], usage=usage(count)) + b"data: [DONE]\n\n"
 
         return httpx.Response(200, headers={"content-type": "text/event-stream"}, content=stream())
@@ -263,6 +270,30 @@ def test_a_bench_reads_the_timings_a_server_gave_exactly_and_leaves_the_warm_up_
 def test_a_bench_whose_warm_up_all_failed_says_so_and_times_nothing() -> None:
     with pytest.raises(BenchError, match=r"every warm-up request failed \(first: HTTP 500"):
         bench_of([Answer(status=500), Answer()])
+
+
+def test_requests_arrive_as_a_poisson_process_of_the_rate_and_never_more_than_the_cap_at_once() -> None:
+    clock, waits, in_flight = Clock(), [], []
+
+    async def sleep(seconds: float) -> None:  # the arrivals' waits, on the bench's clock: none really slept
+        waits.append(seconds)
+        clock.now += seconds
+
+    plan = Plan(requests=40, concurrency=3, max_tokens=8, warmup=0, request_rate=50.0, seed=7)
+    answers = [Answer(ttft=0.01, chunks=((0.01, 1),) * 3) for _ in range(40)]
+    outcomes, _ = asyncio.run(
+        drive("http://s", "chat", ["p"], plan, lambda _: None, clock, timed_standin(clock, answers, in_flight), sleep)
+    )
+    draw = random.Random(7)
+    assert waits == [draw.expovariate(50.0) for _ in range(39)]  # exponential gaps of mean 1/rate: Poisson
+    assert len(outcomes) == 40 and all(o.ok for o in outcomes)
+    assert max(in_flight) == 3  # the cap held, and was reached
+    unlimited: list[int] = []
+    asyncio.run(
+        drive("http://s", "chat", ["p"], Plan(requests=8, concurrency=8, max_tokens=8, warmup=0), lambda _: None,
+              clock, timed_standin(clock, answers[:8], unlimited))
+    )  # fmt: skip
+    assert max(unlimited) == 8  # no rate: all at once
 
 
 def recorded_trace(speculative: bool) -> list[Answer]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 import httpx
@@ -118,6 +118,7 @@ async def drive(
     progress: Callable[[list[Outcome]], None],
     clock: Clock = time.perf_counter,
     transport: httpx.AsyncBaseTransport | None = None,
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
 ) -> tuple[list[Outcome], float]:
     """The warm-up, then the timed requests (prompts in turn); each timed outcome, and the seconds they took.
     BenchError when every warm-up request failed (nothing to time)."""
@@ -152,7 +153,7 @@ async def drive(
         tasks = []
         for index in range(plan.requests):
             if index and plan.request_rate is not None:
-                await asyncio.sleep(arrivals.expovariate(plan.request_rate))
+                await sleep(arrivals.expovariate(plan.request_rate))
             tasks.append(asyncio.create_task(timed(plan.warmup + index, started)))  # prompts the warm-up did not send
         await asyncio.gather(*tasks)
         return outcomes, clock() - started
