@@ -273,7 +273,7 @@ def test_a_bench_whose_warm_up_all_failed_says_so_and_times_nothing() -> None:
 
 
 def test_requests_arrive_as_a_poisson_process_of_the_rate_and_never_more_than_the_cap_at_once() -> None:
-    clock, waits, in_flight = Clock(), [], []
+    clock, waits, in_flight = Clock(), list[float](), list[int]()
 
     async def sleep(seconds: float) -> None:  # the arrivals' waits, on the bench's clock: none really slept
         waits.append(seconds)
