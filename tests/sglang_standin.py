@@ -252,28 +252,43 @@ def load_weights(model: str, shards: int, hang: bool) -> None:
 
 
 def capture_cuda_graphs(fail: bool, hang: bool) -> None:
-    """RECONSTRUCTED, all of it: CUDA graphs are captured on GPUs only."""
-    say("Capture target verify CUDA graph begin. This can take up to several minutes. avail mem=20.05 GB")
+    """RECONSTRUCTED, all of it: CUDA graphs are captured on GPUs only (0.5.23's cuda_graph_setup.py,
+    eagle_worker_v2.py; tests/test_sglang_log_source.py holds each line to them)."""
+    say("Capture target prefill CUDA graph begin. backend=breakable, num_tokens=[64, 128, 256], avail mem=20.05 GB")
+    say("Capture target prefill CUDA graph end. elapsed=0.12 s, mem usage=0.10 GB, avail mem=19.95 GB.")
+    say("Capture target verify CUDA graph begin. backend=full, num_tokens_per_req=8, avail mem=19.95 GB")
     if fail:
         say(
-            "Capture cuda graph failed: CUDA out of memory. Tried to allocate 2.00 GiB.\n"
-            "Possible solutions:\n1. set --mem-fraction-static to a smaller value (e.g., 0.8 or 0.7)\n"
-            "2. set --cuda-graph-max-bs to a smaller value (e.g., 16)\n"
-            "3. disable torch compile by not using --enable-torch-compile\n"
-            "4. disable CUDA graph by --disable-cuda-graph. (Not recommended. Huge performance loss)"
+            "Scheduler hit an exception: Traceback (most recent call last):\n"
+            '  File "/usr/local/lib/python3.12/dist-packages/sglang/srt/managers/scheduler.py", line 6364, '
+            "in run_scheduler_process\n"
+            "    scheduler = Scheduler(server_args, port_args)\n"
+            '  File "/usr/local/lib/python3.12/dist-packages/sglang/srt/model_executor/runner/'
+            'decode_cuda_graph_runner.py", line 602, in __init__\n'
+            "    raise Exception(\n"
+            "Exception: Capture cuda graph failed: CUDA out of memory. Tried to allocate 2.00 GiB.\n"
+            "Possible solutions:\n"
+            "1. set --mem-fraction-static to a smaller value (e.g., 0.8 or 0.7)\n"
+            "2. set --cuda-graph-max-bs-decode to a smaller value (e.g., 16)\n"
+            "3. disable decode CUDA graph by --cuda-graph-backend-decode=disabled. "
+            "(Not recommended. Huge performance loss)\n"
+            "Open an issue on GitHub https://github.com/sgl-project/sglang/issues/new/choose \n"
         )
-        say("Scheduler hit an exception: Traceback (most recent call last):\nRuntimeError: capture failed")
         sys.exit(1)
     for done in range(1, 5):
         bar("Capturing batches (bs=8 avail_mem=19.80 GB)", done, 4)
         if hang and done == 2:
             hang_forever()
     sys.stdout.write("\n")
-    say("Capture target verify CUDA graph end. Time elapsed: 0.21 s. mem usage=0.25 GB. avail mem=19.80 GB.")
-    say("Capture draft decode CUDA graph begin. This can take up to several minutes. avail mem=19.80 GB")
-    say("Capture draft decode CUDA graph end. Time elapsed: 0.10 s. mem usage=0.05 GB. avail mem=19.75 GB.")
-    say("Capture draft extend CUDA graph begin. This can take up to several minutes. avail mem=19.75 GB")
-    say("Capture draft extend CUDA graph end. Time elapsed: 0.10 s. mem usage=0.05 GB. avail mem=19.70 GB.")
+    say("Capture target verify CUDA graph end. bs=[1, 2, 4, 8], elapsed=0.21 s, mem usage=0.15 GB, avail mem=19.80 GB.")
+    say(
+        "Capture draft decode CUDA graph begin. backend=full, num_tokens_per_req=4, bs=[1, 2, 4, 8], avail mem=19.80 GB"
+    )
+    say("Capture draft decode CUDA graph end. elapsed=0.10 s, mem usage=0.05 GB, avail mem=19.75 GB.")
+    say(
+        "Capture draft extend CUDA graph begin. backend=full, num_tokens_per_req=8, bs=[1, 2, 4, 8], avail mem=19.75 GB"
+    )
+    say("Capture draft extend CUDA graph end. elapsed=0.10 s, mem usage=0.05 GB, avail mem=19.70 GB.")
 
 
 def main() -> int:
@@ -337,10 +352,10 @@ def main() -> int:
     if Health.metrics is not None and args.decode_lines:
         Health.scraped.wait()
     for i in range(args.decode_lines):
-        say(  # RECONSTRUCTED: 0.5.23's metrics_reporter with speculative decoding (the rest of the line is REAL)
-            f"Decode batch, #running-req: {i + 1}, #token: {900 + i}, token usage: 0.01, "
-            f"accept len: {2.5 + i / 10:.2f}, accept rate: 0.50, cuda graph: True, "
-            f"gen throughput (token/s): {400.0 + 10 * i:.2f}, #queue-req: 0"
+        speculative = f"accept len: {2.5 + i / 10:.2f}, accept rate: 0.50, "  # RECONSTRUCTED: 0.5.23's metrics_reporter
+        say(  # REAL, but for `speculative` (only speculative decoding prints it) and cuda for cpu
+            f"Decode batch, #running-req: {i + 1}, #token: {900 + i}, token usage: 0.01, {speculative}"
+            f"cuda graph: True, gen throughput (token/s): {400.0 + 10 * i:.2f}, #queue-req: 0"
         )
         if Health.metrics is not None:
             Health.metrics.decoded(

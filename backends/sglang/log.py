@@ -179,14 +179,19 @@ PHASES: tuple[Phase, ...] = (
         re.compile(r"^(?:Load weight end|KV Cache is allocated|Memory pool end)"),
         ("Load weight end", "KV Cache is allocated", "Memory pool end"),
     ),
+    # 0.5.5: `Capture cuda graph begin` (`cpu graph` on CPU). 0.5.23: the target's prefill graph, then its verify
+    # graph with speculative decoding or its decode graph without (`Capture target decode CUDA graph begin.
+    # backend=...`; `CPU graph` and the like elsewhere).
     Phase(
         "cuda-graph",
-        re.compile(r"^Capture (?:cuda graph|target verify CUDA graph) begin"),
-        ("Capture cuda graph begin", "Capture target verify CUDA graph begin"),
+        re.compile(r"^Capture (?:cuda graph|cpu graph|target (?:prefill|verify|decode) \w+ graph) begin"),
+        ("Capture cuda graph begin", "Capture cpu graph begin", "Capture target "),
     ),
+    # 0.5.5: `Capture draft cuda graph begin`, `Capture draft extend cuda graph begin`; 0.5.23: the draft's
+    # prefill, decode and extend graphs (`Capture draft decode CUDA graph begin. backend=...`).
     Phase(
         "draft-cuda-graph",
-        re.compile(r"^Capture draft (?:decode |extend )?(?:cuda|CUDA) graph begin"),
+        re.compile(r"^Capture draft (?:\w+ )?\w+ graph begin"),
         ("Capture draft ",),
     ),
     Phase(
