@@ -606,6 +606,27 @@ def bench_fields(result: Mapping[str, Any]) -> list[str]:
     ]
 
 
+def bench_beside(
+    run: Mapping[str, Any], others: Sequence[Mapping[str, Any]], shown: int, width: int | None = None
+) -> list[str]:
+    """A serve run's latest bench above the latest of up to `shown` other serve runs (the most recently benched),
+    each headed by its draft's checkpoint and run name: two drafts side by side in the console's detail. Nothing
+    when the run or every other has none."""
+    benched = sorted((r for r in others if r.get("bench")), key=lambda r: r["bench"][-1].get("t") or 0)[-shown:]
+    if not run.get("bench") or not benched:
+        return []
+
+    def fields(of: Mapping[str, Any]) -> list[str]:
+        result = of["bench"][-1]
+        draft = str(result.get("draft") or "?").rstrip("/").rsplit("/", 1)[-1]
+        return [f"{draft} ({of.get('name') or own_id(str(of.get('id')))})", *bench_fields(result)[1:]]
+
+    return [
+        "latest bench beside other drafts':",
+        *(line for r in (run, *benched) for line in _packed(fields(r), width)),
+    ]
+
+
 def bench_compare(runs: Sequence[tuple[Mapping[str, Any], Mapping[str, Any]]]) -> list[str]:
     """Serve runs' bench results side by side, a column per (run, result) headed by the run and its draft's
     checkpoint (the draft's last folder), then bench_serving's figures."""

@@ -34,7 +34,7 @@ from backends.bench.stream import BenchError, Chunk, Outcome, SSEDecoder, parse_
 from backends.runs.store import RunDir
 from console.fleet.hosts import Fleet
 from console.link.local import LocalTransport
-from console.render import bench_compare, bench_lines
+from console.render import bench_beside, bench_compare, bench_lines
 from console.tui.app import ConsoleApp
 from console.tui.panels import RunDetail, RunsTable
 from tests.conftest import CLI, free_port, launch, until, wait_state
@@ -413,6 +413,27 @@ def test_two_drafts_benches_sit_side_by_side_under_bench_servings_names() -> Non
     assert len({len(line) for line in table[2:]}) == 1  # the columns line up
 
 
+def test_the_detail_sets_a_serve_runs_latest_bench_beside_other_drafts_latest() -> None:
+    def serve(name: str, draft: str, t: float, accept: float) -> dict[str, object]:
+        figures = {"ok": 8, "errors": 0, "cut": 0, "accept_len": accept, "output_tok_s": 1000 * accept}
+        result = {"t": t, "draft": draft, "settings": {"api": "chat", "concurrency": 4, "max_tokens": 64}}
+        return {"id": name, "name": name, "bench": [{**result, "figures": figures}]}
+
+    this = serve("srv-b", "/d/step-2400", 30, 3.1)
+    unbenched: dict[str, object] = {"id": "x", "name": "x"}
+    others = [serve("srv-a", "/d/step-1200/", 20, 2.4), serve("old", "/d/step-600", 10, 1.9), unbenched]
+    [heading, *lines] = bench_beside(this, others, shown=1)
+    assert heading.startswith("latest bench beside")
+    # This run first, then the most recently benched other; each headed by its checkpoint and its run.
+    assert [line.split("  ")[1:3] for line in lines] == [
+        ["step-2400 (srv-b)", "accept 3.10"],
+        ["step-1200 (srv-a)", "accept 2.40"],
+    ]
+    assert bench_beside(this, [unbenched], shown=2) == [] == bench_beside(unbenched, others, shown=2)
+    narrow = bench_beside(this, others, shown=2, width=40)
+    assert len(narrow) > 3 and all(len(line) <= 40 for line in narrow)
+
+
 # ----- prompts -----
 
 
@@ -592,16 +613,26 @@ async def test_the_console_shows_a_serve_runs_latest_bench_results_in_its_detail
     for requests in ("2", "3", "4", "5"):
         assert cli("bench", run_id, "--requests", requests, "--max-tokens", "10", timeout=90).returncode == 0
     app = ConsoleApp(Fleet.one(LocalTransport(workdir)))
-    async with app.run_test(size=(160, 50)) as pilot:
+    async with app.run_test(size=(160, 48)) as pilot:
         table = app.query_one(RunsTable)
         await until(pilot, lambda: run_id in [run["id"] for run in table.runs], what="the serve run")
         app.select_run(run_id)
         detail = app.query_one(RunDetail)
-        text = await until(
-            pilot, lambda: detail.shown is not None and "\nbench:\n" in detail.shown.plain and detail.shown
-        )
-        shown = text.plain[text.plain.index("\nbench:\n") + 1 :].split("\n", 1)[1]  # below its heading
-        # The latest three, each with its figures (wrapped between figures to the panel's width).
-        assert re.findall(r"(\d+/\d+) ok", shown) == ["3/3", "4/4", "5/5"]
-        assert shown.count("accept 2.50") == shown.count("tok/s") == shown.count("ttft_p50/p99 ") == 3
+        for size in ((160, 48), (100, 30)):
+            await pilot.resize_terminal(*size)
+
+            def bench_shown() -> list[str] | None:
+                plain = detail.shown.plain if detail.shown is not None else ""
+                if "\nbench:\n" not in plain:
+                    return None
+                lines = plain[plain.index("\nbench:\n") + 1 :].split("\n")[1:]  # below its heading
+                lines = list(itertools.takewhile(lambda line: line.startswith("  "), lines))
+                return lines if all(len(line) <= detail.content_region.width for line in lines) else None
+
+            lines = await until(pilot, bench_shown, what=f"the bench lines within the detail at {size}")
+            shown = "\n".join(lines)
+            # The latest three, each with its figures (wrapped between figures to the panel's width).
+            assert re.findall(r"(\d+/\d+) ok", shown) == ["3/3", "4/4", "5/5"]
+            assert shown.count("accept 2.50") == shown.count("tok/s") == shown.count("ttft_p50/p99 ") == 3
+            assert shown.count("itl_p50/p99 ") == 3
         await pilot.press("q")

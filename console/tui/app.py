@@ -363,6 +363,7 @@ class ConsoleApp(App[None]):
         self.facts.silent_s = self.silence(run)
         self.facts.parent = self.runs.get(run["parent"] or "")
         self.facts.job = jobs.node_line(run, self.runs.values(), self.down_since)
+        self.facts.benched = [r for r in self.runs.values() if r["kind"] == "serve" and r["id"] != run["id"]]
         self.facts.progress = progress.text(time.time()) if (progress := self.progress.get(run["id"])) else None
         stall = (run["id"], run["stalled_since"])
         if run["state"] != "stalled":

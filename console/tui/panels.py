@@ -21,6 +21,7 @@ from console.render import (
     FAILED_STATES,
     STALL_ADVICE,
     attention_rank,
+    bench_beside,
     bench_lines,
     changed_flags,
     command_line,
@@ -288,10 +289,12 @@ class RunFacts:
     # its edits (the run's own last)
     edits: list[tuple[str, list[str]]] = field(default_factory=list)
     edits_logged: bool = True  # the first of `edits` logged metrics (else none of them did)
+    benched: list[RunInfo] = field(default_factory=list)  # the other serve runs in view, to set benches beside
 
 
 SILENT_SHOWN_S = 5.0  # a run quiet for less is not worth a line
 BENCH_SHOWN = 3  # the latest bench results the detail shows (`status RUN` shows all the status carries)
+BENCH_BESIDE = 2  # other serve runs whose latest bench the detail sets beside the run's
 DETAIL_WIDTH = 60  # when the panel's width is not known yet
 HEALTH_LABELS = 14  # the health strip's own words around its cells: "health " and its span (" 2 m 05 s")
 
@@ -412,6 +415,8 @@ def detail_text(
         base = "the last attempt that logged" if facts.edits_logged else "the first attempt (none logged metrics)"
         text.append(hanging(f"edits since {logged}, {base}: {steps}", width), style="dim")
     for line in bench_lines((run.get("bench") or [])[-BENCH_SHOWN:], width):
+        text.append(printable(line) + "\n")
+    for line in bench_beside(run, facts.benched, BENCH_BESIDE, width):
         text.append(printable(line) + "\n")
     command = command_line(run["argv"])
     text.append(command if len(command) <= COMMAND_CHARS else command[: COMMAND_CHARS - 1] + "…", style="dim")
