@@ -171,8 +171,9 @@ def eagle3_device_dir() -> str:
     return str(read_state().get("dev_dir", "/dev"))
 
 
-def initialized() -> bool:
-    return _init_count > 0
+def init_count() -> int:
+    """nvmlInit calls not yet shut down, in this process (another test's open sampler among them)."""
+    return _init_count
 
 
 def nvmlInit() -> None:

@@ -9,6 +9,7 @@ tree into a venv of its own.
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import venv
@@ -90,15 +91,20 @@ def test_an_editable_install_says_nothing(tmp_path: Path) -> None:
     assert version.stdout.strip() == f"eagle3-console {backends.__version__}"
 
 
-def test_the_check_costs_well_under_10_ms(overwritten: Path, tmp_path: Path) -> None:
-    timing = "import time; from console.cli import integrity; t = time.perf_counter(); integrity.foreign_package(); "
-    timing += "print(time.perf_counter() - t)"
+def test_the_check_that_runs_on_every_status_imports_nothing_heavy(overwritten: Path, tmp_path: Path) -> None:
+    """The check reads our RECORD itself: importlib.metadata (email, zipfile, csv: ~25 ms) on every status is what it
+    avoids. What it costs in time is benchmarks.cli_start's to say, not a timed assertion here."""
+    probe = "import json, sys; from console.cli import integrity; before = set(sys.modules); "
+    probe += "line = integrity.foreign_package(); print(json.dumps(sorted(set(sys.modules) - before)))"
+    probe += "; print(line is not None)"
     done = subprocess.run(
-        [str(overwritten / "python"), "-c", timing],
+        [str(overwritten / "python"), "-c", probe],
         capture_output=True,
         text=True,
         env=clean_env(tmp_path),
         cwd=tmp_path,
         check=True,
     )
-    assert float(done.stdout) < 0.005, done.stdout
+    imported, found = done.stdout.splitlines()
+    assert found == "True"  # it did the whole check: the package written over ours was found
+    assert not {"importlib.metadata", "email", "zipfile", "csv"} & set(json.loads(imported)), imported
