@@ -580,17 +580,19 @@ def relaunch_preview(result: Mapping[str, Any]) -> str:
 BENCH_INDENT = "  "
 
 
-def _ms(spread: Mapping[str, float] | None, digits: int) -> str:
-    """p50/p99 in milliseconds (a result stored before 0.x named the median p50)."""
-    if not spread:
+def _seconds(spread_ms: Mapping[str, float] | None, digits: int) -> str:
+    """p50/p99 of figures kept in milliseconds, in seconds as /metrics' series of the same names are (a result stored
+    before 0.x named the median p50)."""
+    if not spread_ms:
         return "n/a"
-    return f"{spread.get('median', spread.get('p50', math.nan)):.{digits}f}/{spread['p99']:.{digits}f} ms"
+    median = spread_ms.get("median", spread_ms.get("p50", math.nan))
+    return f"{median / 1000:.{digits}f}/{spread_ms['p99'] / 1000:.{digits}f} s"
 
 
 def bench_fields(result: Mapping[str, Any]) -> list[str]:
-    """`11-30 10:00:00`, `accept 2.67`, `340 tok/s`, `ttft_p50/p99 48/51 ms`, `itl_p50/p99 2.1/3.0 ms`, `6/6 ok`,
-    `chat c2 m8` (named as /metrics' series, ITL per token as theirs; the api, the concurrency and the most tokens
-    per answer)."""
+    """`11-30 10:00:00`, `accept 2.67`, `340 tok/s`, `ttft_p50/p99 0.048/0.051 s`, `itl_p50/p99 0.0021/0.0030 s`,
+    `6/6 ok`, `chat c2 m8` (named as /metrics' series and in their unit, ITL per token as theirs, so that the chart's
+    ttft_p50 and the bench's read alike; the api, the concurrency and the most tokens per answer)."""
     f, s = result.get("figures") or {}, result.get("settings") or {}
     accept, rate = f.get("accept_len"), f.get("output_tok_s")
     done = f.get("ok", 0)
@@ -599,8 +601,8 @@ def bench_fields(result: Mapping[str, Any]) -> list[str]:
         clock(result.get("t")),
         f"accept {'n/a' if accept is None else f'{accept:.2f}'}",
         f"{'n/a' if rate is None else f'{rate:.0f}'} tok/s",
-        f"ttft_p50/p99 {_ms(f.get('ttft_ms'), 0)}",
-        f"itl_p50/p99 {_ms(f.get('itl_ms'), 1)}",
+        f"ttft_p50/p99 {_seconds(f.get('ttft_ms'), 3)}",
+        f"itl_p50/p99 {_seconds(f.get('itl_ms'), 4)}",
         f"{done}/{total} ok",
         f"{s.get('api', '?')} c{s.get('concurrency', '?')} m{s.get('max_tokens', '?')}",
     ]

@@ -386,11 +386,11 @@ def test_a_bench_line_wraps_between_its_figures_to_the_panels_width() -> None:
     }  # fmt: skip  (TTFT as a result stored before bench_serving's figures: p50 for the median)
     [heading, whole] = bench_lines([result])
     assert heading.startswith("bench")
-    # Named as /metrics' series (ttft_p50, itl_p99), ITL per token as theirs.
-    figures = ["accept 2.35", "1234 tok/s", "ttft_p50/p99 41/64 ms", "itl_p50/p99 2.1/3.0 ms", "31/32 ok"]
+    # Named as /metrics' series (ttft_p50, itl_p99) and in their unit, seconds; ITL per token as theirs.
+    figures = ["accept 2.35", "1234 tok/s", "ttft_p50/p99 0.041/0.064 s", "itl_p50/p99 0.0021/0.0030 s", "31/32 ok"]
     assert whole.split("  ")[2:] == [*figures, "chat c16 m512"]
-    wrapped = bench_lines([result], width=30)[1:]
-    assert len(wrapped) > 1 and all(len(line) <= 30 for line in wrapped)
+    wrapped = bench_lines([result], width=32)[1:]
+    assert len(wrapped) > 1 and all(len(line) <= 32 for line in wrapped)
     assert " ".join(" ".join(wrapped).split()) == " ".join(whole.split())
 
 
