@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import os
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 from backends.protocol import GpuInfo, RunInfo
@@ -370,6 +374,76 @@ def test_metrics_follow_prints_a_live_table_until_the_run_ends(cli: CLI) -> None
     lines = [line.split() for line in result.stdout.decode().splitlines()]
     assert lines == [["step", "loss"], ["1", "5"], ["2", "4"], ["3", "3"]]
     assert f"run {run_id} exited".encode() in result.stderr
+
+
+# A run that writes rows while `metrics --follow` reads them: a wall time t (1.796e+09 in %g), a row with a name the
+# first rows lack (val_loss), and rows after the follow has started (it waits for the go file, made once the follow
+# has printed the first rows). Real agent, real run, real CLI.
+FOLLOWED = (
+    "import json, os, sys, time\n"
+    "go = sys.argv[1]\n"
+    "def row(r):\n"
+    "    m.write(json.dumps(r) + '\\n'); m.flush()\n"
+    "with open(os.environ['EAGLE3_METRICS_FILE'], 'a') as m:\n"
+    "    row({'step': 1, 'loss': 5.25, 't': 1796000000.123456})\n"
+    "    while not os.path.exists(go): time.sleep(0.02)\n"
+    "    for step in range(2, 6):\n"
+    "        row({'step': step, 'loss': 6.0 - step, 't': 1796000000.123456 + step})\n"
+    "    row({'step': 6, 'loss': 0.5, 'val_loss': 0.75, 't': 1796000006.5})\n"
+)
+
+
+def follow_while_writing(cli: CLI, workdir: Path, form: str) -> tuple[str, list[bytes], bytes, int]:
+    """`metrics RUN --follow FORM` read line by line while the run writes; the run, the lines, stderr, the exit."""
+    go = workdir / "go"
+    run_id = launch(cli, "train", "--", sys.executable, "-c", FOLLOWED, str(go))
+    argv = [sys.executable, "-m", "console", "--workdir", str(workdir), "local", "metrics", run_id, "--follow", form]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout is not None
+    watchdog = threading.Timer(20, proc.kill)  # a follow that never prints fails the test, never hangs it
+    watchdog.start()
+    try:
+        lines = [proc.stdout.readline()]  # the first row (JSON) or the header (CSV): the follow is under way
+        go.touch()
+        lines += proc.stdout.readlines()
+        _, err = proc.communicate(timeout=20)
+    finally:
+        watchdog.cancel()
+    return run_id, lines, err, proc.returncode
+
+
+def test_metrics_follow_json_streams_the_rows_metrics_json_prints(cli: CLI, workdir: Path) -> None:
+    run_id, lines, err, code = follow_while_writing(cli, workdir, "--json")
+    assert code == 0 and f"run {run_id} exited".encode() in err
+    followed = [json.loads(line) for line in lines]  # JSON Lines: each line parses alone
+    assert [r["step"] for r in followed] == [1, 2, 3, 4, 5, 6]  # every row once
+    whole = cli("metrics", run_id, "--json")
+    assert followed == [json.loads(line) for line in whole.stdout.splitlines()]
+    assert followed[0]["t"] == 1796000000.123456 and followed[5]["val_loss"] == 0.75
+    for out in (b"".join(lines), whole.stdout):
+        assert b"1796000000.123456" in out and b"e+09" not in out
+
+
+def test_metrics_follow_csv_writes_the_header_once_then_every_row(cli: CLI, workdir: Path) -> None:
+    run_id, lines, err, code = follow_while_writing(cli, workdir, "--csv")
+    assert code == 0 and f"run {run_id} exited".encode() in err
+    followed = list(csv.reader(io.StringIO(b"".join(lines).decode(), newline="")))
+    assert followed[0] == ["step", "loss", "t"]  # the header, once, from the first row
+    assert [r[0] for r in followed[1:]] == ["1", "2", "3", "4", "5", "6"]
+    assert followed[1] == ["1", "5.25", "1796000000.123456"]
+    # val_loss appeared after the header: left out of the stream and said once; `metrics --csv` has it.
+    assert followed[6] == ["6", "0.5", "1796000006.5"]
+    assert err.count(b"val_loss") == 1 and b"left out" in err
+    whole = list(csv.reader(io.StringIO(cli("metrics", run_id, "--csv").stdout.decode(), newline="")))
+    assert whole[0] == ["step", "loss", "t", "val_loss"]
+    assert [r[:3] for r in whole] == [r[:3] for r in followed]
+
+
+def test_metrics_follow_table_shows_the_wall_time_as_a_clock(cli: CLI, workdir: Path) -> None:
+    _, lines, _, code = follow_while_writing(cli, workdir, "--wide")
+    assert code == 0
+    text = b"".join(lines).decode()
+    assert "e+09" not in text and time.strftime("%m-%d %H:%M:%S", time.localtime(1796000000.123456)) in text
 
 
 # Modules only some commands need: scripts call `status` and `kill` in loops, and each start pays for its imports.

@@ -12,8 +12,9 @@ import json
 import os
 import sys
 from collections.abc import Awaitable, Callable
+from typing import Literal
 
-from backends.protocol import MetricRow
+from backends.protocol import Metric, MetricRow
 from console import render
 from console.cli import export
 from console.cli.config import UsageError
@@ -57,17 +58,70 @@ async def cmd_logs(client: AgentClient, ns: argparse.Namespace, _: list[str]) ->
     return EXIT_OK
 
 
-async def follow_metrics(client: AgentClient, run: str, wide: bool = False) -> int:
-    """Print metric rows as a live table until the run ends; its fate decides the exit code."""
-    table = render.LiveTable(wide)
+# How `metrics --follow` prints rows: a table for a person; JSON Lines or CSV for a script, as without --follow.
+MetricsForm = Literal["table", "json", "csv"]
+
+
+class MetricsPrinter:
+    """Metric rows as they arrive, in one of `MetricsForm`'s forms. JSON: each row as `metrics --json` prints it,
+    one object a line (json.dumps: floats as their repr, a timestamp never in exponent notation). CSV: the header
+    once, fixed by the first rows to arrive (the whole history when the run has one); a name first seen after it
+    is left out of the rows and said once on stderr (`metrics RUN --csv` after the run has every column). Table:
+    `render.LiveTable`, the wall time as a clock."""
+
+    def __init__(self, run: str, form: MetricsForm, wide: bool = False) -> None:
+        self.run, self.form = run, form
+        self.table = render.LiveTable(wide)
+        self.columns: list[str] | None = None  # the CSV's header, once written
+        self.left_out: set[str] = set()  # names the CSV's header lacks, each said once
+
+    def rows(self, rows: list[MetricRow]) -> None:
+        if self.form == "json":
+            for row in rows:
+                out(json.dumps(row))
+        elif self.form == "csv":
+            self.csv(rows)
+        else:
+            for line in self.table.lines([clocked(row) for row in rows]):
+                out(line)
+
+    def csv(self, rows: list[MetricRow]) -> None:
+        if not rows:
+            return
+        text = ""
+        if self.columns is None:
+            self.columns = export.csv_columns(rows)
+            text = export.csv_lines([self.columns])
+        if new := [n for n in export.csv_columns(rows) if n not in self.columns and n not in self.left_out]:
+            self.left_out.update(new)
+            note(
+                f"run {self.run}: column(s) {', '.join(new)} appeared after the CSV header and are left out; "
+                f"`metrics {self.run} --csv` after the run has every column"
+            )
+        text += export.csv_lines(export.csv_row(row, self.columns) for row in rows)
+        # Data into a file or a pipe; on a terminal, a metric name's escapes shown (as without --follow).
+        sys.stdout.write(visible(text, keep=LINES + "\r") if sys.stdout.isatty() else text)
+        sys.stdout.flush()
+
+
+def clocked(row: MetricRow) -> MetricRow:
+    """A row for the live table: its wall time as a clock, as `render.metrics_table` shows it (never 1.796e+09)."""
+    t = row.get(Metric.TIME)
+    if isinstance(t, (int, float)) and not isinstance(t, bool):
+        return {**row, Metric.TIME: render.clock(t)}
+    return row
+
+
+async def follow_metrics(client: AgentClient, run: str, wide: bool = False, form: MetricsForm = "table") -> int:
+    """Print metric rows as they arrive (see `MetricsPrinter`) until the run ends; its fate decides the exit code."""
+    printer = MetricsPrinter(run, form, wide)
     final = None
     failure = ""  # why a failed run failed, as the end says
     nan_told = False  # a NaN or infinity is said once, on stderr, beside its marked cell
     async for msg in follow(client, run, {"log": PAST_END, "events": PAST_END, "metrics": 0}, note):
         if msg["stream"] == "metrics":
             rows = [r for r in msg["rows"] if isinstance(r, dict)]
-            for line in table.lines(rows):
-                out(line)
+            printer.rows(rows)
             if not nan_told and (said := render.nonfinite_note(run, rows)) is not None:
                 nan_told = True
                 note(said)
@@ -100,10 +154,10 @@ async def all_metric_rows(client: AgentClient, run: str) -> list[MetricRow]:
 
 
 async def cmd_metrics(client: AgentClient, ns: argparse.Namespace, _: list[str]) -> int:
-    if ns.csv and (ns.follow or ns.json):
-        raise UsageError("--csv writes every row once as a table: it goes with --tail, not with --follow or --json")
+    if ns.csv and ns.json:
+        raise UsageError("--csv and --json are two forms of the same rows: choose one")
     if ns.follow:
-        return await follow_metrics(client, ns.run, ns.wide)
+        return await follow_metrics(client, ns.run, ns.wide, "json" if ns.json else "csv" if ns.csv else "table")
     if ns.tail is not None and ns.tail < 0:
         raise UsageError("--tail needs a count of rows, 0 or more")
     rows = await all_metric_rows(client, ns.run)

@@ -10,7 +10,7 @@ import json
 import math
 import re
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -53,14 +53,25 @@ class ExportError(Exception):
 def csv_text(rows: Sequence[MetricRow]) -> str:
     """Every row, one column per name seen (in the order first seen), the header first, an empty cell where a row
     lacks the name. Numbers read as JSON wrote them (json.dumps: the shortest text that reads back the same)."""
-    columns: list[str] = list(dict.fromkeys(name for row in rows for name in row))
+    columns = csv_columns(rows)
+    return csv_lines([columns]) + csv_lines(csv_row(row, columns) for row in rows)
+
+
+def csv_columns(rows: Sequence[MetricRow]) -> list[str]:
+    """The names the rows hold, in the order first seen: a CSV's header."""
+    return list(dict.fromkeys(name for row in rows for name in row))
+
+
+def csv_row(row: MetricRow, columns: Sequence[str]) -> list[str]:
+    """A row's cells under `columns`, an empty one where the row lacks the name (names beyond them left out)."""
+    return [csv_cell(row[name]) if name in row else "" for name in columns]
+
+
+def csv_lines(lines: Iterable[Sequence[str]]) -> str:
+    """Lines of cells as CSV text. RFC 4180's line ends (csv's own): with "\n" alone a text cell holding a lone "\r"
+    would go unquoted and end its row early for every reader."""
     out = io.StringIO()
-    # RFC 4180's line ends (csv's own): with "\n" alone a text cell holding a lone "\r" would go unquoted and end its
-    # row early for every reader.
-    writer = csv.writer(out)
-    writer.writerow(columns)
-    for row in rows:
-        writer.writerow([csv_cell(row[name]) if name in row else "" for name in columns])
+    csv.writer(out).writerows(lines)
     return out.getvalue()
 
 

@@ -280,11 +280,27 @@ def logs(p: Parser) -> None:
 @command("metrics", "a run's metric rows")
 def metrics(p: Parser) -> None:
     run_argument(p)
-    p.add_argument("--json", action="store_true", help="one JSON object per line")
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="JSON Lines: each row one JSON object a line, as the run wrote it (timestamps in full, never 1.8e+09); "
+        "with --follow the same objects, each as it arrives",
+    )
     p.add_argument("--tail", type=int, help="only the last N rows")
-    p.add_argument("--follow", "-f", action="store_true", help="keep printing rows until the run ends")
+    p.add_argument(
+        "--follow",
+        "-f",
+        action="store_true",
+        help="keep printing rows until the run ends (exit 0 when it exited, 1 otherwise); a table, or with --json "
+        "or --csv the same rows as without --follow",
+    )
     p.add_argument("--wide", action="store_true", help="with --follow: every column, per-position ones included")
-    p.add_argument("--csv", action="store_true", help="CSV: a header, then every row, one column per metric")
+    p.add_argument(
+        "--csv",
+        action="store_true",
+        help="CSV: a header, then every row, one column per metric; with --follow the header is written once, from "
+        "the first rows to arrive, and a column first seen later is left out and said once on stderr",
+    )
 
 
 @command("export", "write a run's metrics to files on this machine: export RUN --tensorboard DIR")
