@@ -98,6 +98,9 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     return "\n".join(lines)
 
 
+CLOCK_WIDTH = len("12-31 23:59:59")  # what `clock` prints
+
+
 def clock(t: float | None) -> str:
     return time.strftime("%m-%d %H:%M:%S", time.localtime(t)) if t else "-"
 
@@ -511,20 +514,32 @@ class LiveTable:
 
     def _line(self, cells: list[str]) -> str:
         cells, names = [printable(c) for c in cells], [printable(name) for name in self.columns]
-        return "  ".join(c.rjust(max(self.min_width, len(name))) for c, name in zip(cells, names, strict=True))
+        return "  ".join(c.rjust(self._width(name)) for c, name in zip(cells, names, strict=True))
+
+    def _width(self, name: str) -> int:
+        return max(self.min_width, len(name), CLOCK_WIDTH if name == Metric.TIME else 0)
+
+    @staticmethod
+    def _cell(row: MetricRow, name: str) -> str:
+        """A value as `metrics_table` shows it: the wall time as a clock (seconds since 1970 say nothing at a
+        glance, and %g would print 1.796e+09)."""
+        value = row.get(name)
+        if name == Metric.TIME and isinstance(value, (int, float)) and not isinstance(value, bool):
+            return clock(value)
+        return metric_cell(value)
 
     def lines(self, rows: Sequence[MetricRow]) -> list[str]:
         out: list[str] = []
         for row in rows:
             keys = list(row) if self.wide else compact_columns(row)
             if any(k.startswith("val_") for k in row):
-                out.append(printable("eval " + "  ".join(f"{k}={metric_cell(row[k])}" for k in keys)))
+                out.append(printable("eval " + "  ".join(f"{k}={self._cell(row, k)}" for k in keys)))
                 continue
             new = [k for k in keys if k not in self.columns]
             if new or not self.columns:
                 self.columns += new
                 out.append(self._line(self.columns))
-            out.append(self._line([metric_cell(row.get(c)) if c in row else "" for c in self.columns]))
+            out.append(self._line([self._cell(row, c) if c in row else "" for c in self.columns]))
         return out
 
 

@@ -444,6 +444,9 @@ def test_metrics_follow_table_shows_the_wall_time_as_a_clock(cli: CLI, workdir: 
     assert code == 0
     text = b"".join(lines).decode()
     assert "e+09" not in text and time.strftime("%m-%d %H:%M:%S", time.localtime(1796000000.123456)) in text
+    table = [line for line in text.splitlines() if not line.startswith("eval ")]
+    assert table[0].split() == ["step", "loss", "t"] and len(table) == 6
+    assert len({len(line) for line in table}) == 1  # the clock fits its column: header and cells line up
 
 
 # Modules only some commands need: scripts call `status` and `kill` in loops, and each start pays for its imports.

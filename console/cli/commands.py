@@ -14,7 +14,7 @@ import sys
 from collections.abc import Awaitable, Callable
 from typing import Literal
 
-from backends.protocol import Metric, MetricRow
+from backends.protocol import MetricRow
 from console import render
 from console.cli import export
 from console.cli.config import UsageError
@@ -67,7 +67,7 @@ class MetricsPrinter:
     one object a line (json.dumps: floats as their repr, a timestamp never in exponent notation). CSV: the header
     once, fixed by the first rows to arrive (the whole history when the run has one); a name first seen after it
     is left out of the rows and said once on stderr (`metrics RUN --csv` after the run has every column). Table:
-    `render.LiveTable`, the wall time as a clock."""
+    `render.LiveTable`."""
 
     def __init__(self, run: str, form: MetricsForm, wide: bool = False) -> None:
         self.run, self.form = run, form
@@ -82,7 +82,7 @@ class MetricsPrinter:
         elif self.form == "csv":
             self.csv(rows)
         else:
-            for line in self.table.lines([clocked(row) for row in rows]):
+            for line in self.table.lines(rows):
                 out(line)
 
     def csv(self, rows: list[MetricRow]) -> None:
@@ -102,14 +102,6 @@ class MetricsPrinter:
         # Data into a file or a pipe; on a terminal, a metric name's escapes shown (as without --follow).
         sys.stdout.write(visible(text, keep=LINES + "\r") if sys.stdout.isatty() else text)
         sys.stdout.flush()
-
-
-def clocked(row: MetricRow) -> MetricRow:
-    """A row for the live table: its wall time as a clock, as `render.metrics_table` shows it (never 1.796e+09)."""
-    t = row.get(Metric.TIME)
-    if isinstance(t, (int, float)) and not isinstance(t, bool):
-        return {**row, Metric.TIME: render.clock(t)}
-    return row
 
 
 async def follow_metrics(client: AgentClient, run: str, wide: bool = False, form: MetricsForm = "table") -> int:
