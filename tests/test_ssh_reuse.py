@@ -319,14 +319,20 @@ def test_two_commands_at_once_each_get_their_own_stream(place: Place) -> None:
 
 
 def test_first_commands_at_once_start_one_multiplexer(place: Place) -> None:
-    commands = [subprocess.Popen(place.argv("status"), cwd=REPO, env=place.env(), stdout=subprocess.DEVNULL)]
-    commands.append(subprocess.Popen(place.argv("status"), cwd=REPO, env=place.env(), stdout=subprocess.DEVNULL))
-    assert [c.wait(timeout=120) for c in commands] == [0, 0]
+    """Four commands to a host at once, no multiplexer yet: one takes the key's lock, connects directly and starts
+    the multiplexer (which inherits the lock); the others wait for it to serve rather than start their own."""
+    commands = [
+        subprocess.Popen(place.argv("status"), cwd=REPO, env=place.env(), stdout=subprocess.DEVNULL) for _ in range(4)
+    ]
+    assert [c.wait(timeout=120) for c in commands] == [0, 0, 0, 0]
     mux = place.serving()
-    wait_for(lambda: place.multiplexers() == [mux], what="the second one to give way")
+    assert place.log().count("started multiplexer") == 1
+    assert place.multiplexers() == [mux]
     with socket.socket(socket.AF_UNIX) as sock:
         sock.connect(str(place.sockets()[0]))
         assert json.loads(sock.makefile().readline()) == {"multiplexer": {"pid": mux}}
+    lock = place.sockets()[0].with_suffix(".lock")
+    assert stat.S_IMODE(lock.stat().st_mode) == 0o600
 
 
 def test_another_workdir_is_another_connection(place: Place, tmp_path: Path) -> None:

@@ -12,7 +12,8 @@ across all of them). A `logs -f` therefore never holds up a `kill`. A command th
 unsubscribed; its requests still run to their end, as they do when a direct connection closes.
 
 It exits IDLE_S after its last command left, when the link or the agent dies (each command still
-connected is told why), or on SIGTERM; its socket goes with it. One per key: a lock held for its life.
+connected is told why), or on SIGTERM; its socket goes with it. One per key: a lock (`reuse.take_lock`),
+taken by the command that starts it and held for its life.
 """
 
 from __future__ import annotations
@@ -237,11 +238,12 @@ class Multiplexer:
             await self.send(protocol.encode(msg))
 
 
-async def serve(target: reuse.Target, path: Path, idle_s: float) -> int:
-    """Hold the connection and serve it at `path` until idle or gone; 0 also when another one serves."""
-    lock = os.open(path.with_suffix(".lock"), os.O_RDWR | os.O_CREAT, 0o600)
+async def serve(target: reuse.Target, path: Path, idle_s: float, lock: int) -> int:
+    """Hold the connection and serve it at `path` until idle or gone; 0 also when another one serves. `lock`:
+    the key's lock, taken by the command that started it and held (inherited) for its life."""
+    os.set_inheritable(lock, False)  # what it starts (a ProxyCommand) must not hold the key after it
     try:
-        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)  # ours already, unless given a wrong descriptor
     except BlockingIOError:
         return 0  # another multiplexer holds this key: it serves, or is about to
     os.ftruncate(lock, 0)
@@ -281,6 +283,7 @@ async def serve(target: reuse.Target, path: Path, idle_s: float) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m console.link.multiplexer", description=__doc__)
     parser.add_argument("--socket", type=Path, required=True)
+    parser.add_argument("--lock-fd", type=int, required=True)
     parser.add_argument("--workdir")
     parser.add_argument("--remote-python")
     parser.add_argument("host")
@@ -290,7 +293,7 @@ def main(argv: list[str] | None = None) -> int:
     os.chdir("/")  # hold no folder of the command that started it
     idle_s = float(os.environ.get(reuse.IDLE_ENV, reuse.IDLE_S))
     target = reuse.Target(args.host, args.workdir, args.remote_python)
-    return asyncio.run(serve(target, args.socket, idle_s))
+    return asyncio.run(serve(target, args.socket, idle_s, args.lock_fd))
 
 
 if __name__ == "__main__":

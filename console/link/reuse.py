@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import hashlib
 import json
 import os
@@ -33,6 +34,9 @@ from backends.protocol import PROTOCOL_VERSION
 IDLE_S = 300.0  # a multiplexer without commands for this long exits
 IDLE_ENV = "EAGLE3_CONSOLE_REUSE_IDLE_S"  # overrides IDLE_S (tests wait seconds, not minutes)
 GREETING_TIMEOUT_S = 3.0  # a multiplexer that does not greet within this is hung: connect directly
+# A command that finds another one starting the host's multiplexer waits this long for it to serve (a direct
+# connection and the multiplexer's own take about 1 s each), then connects directly, starting none.
+WINNER_WAIT_S = 5.0
 GREETING = b'{"multiplexer":'  # the first key of each line the multiplexer itself says
 LOG_NAME = "reuse.log"
 LOG_LIMIT_BYTES = 1 << 20  # then the log starts again (the previous one kept as reuse.log.1)
@@ -67,9 +71,9 @@ class Target:
         parts = [backends.__version__, PROTOCOL_VERSION, self.spec, self.workdir, self.python, str(home), trust]
         return hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:20]
 
-    def argv(self, socket_path: Path) -> list[str]:
-        """The multiplexer's command line (an argv list, never through a shell)."""
-        argv = [sys.executable, "-m", "console.link.multiplexer", "--socket", str(socket_path)]
+    def argv(self, socket_path: Path, lock: int) -> list[str]:
+        """The multiplexer's command line (an argv list, never through a shell); `lock`: the key's lock, held."""
+        argv = [sys.executable, "-m", "console.link.multiplexer", "--socket", str(socket_path), "--lock-fd", str(lock)]
         argv += ["--remote-python", self.python] if self.python is not None else []
         argv += ["--workdir", self.workdir] if self.workdir is not None else []
         return [*argv, "--", self.spec]
@@ -138,6 +142,22 @@ def socket_path(target: Target) -> Path:
     return private_dir() / f"{target.key()}.sock"
 
 
+def take_lock(path: Path) -> int | None:
+    """The lock of the multiplexer at `path`, held (its file descriptor); None when another process holds it:
+    a command connecting directly that will start one, or the multiplexer itself, for its whole life. The
+    kernel lets go of a flock when its holder dies, so a dead one's lock never blocks."""
+    try:
+        fd = os.open(path.with_suffix(".lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    except OSError as exc:
+        raise ReuseUnavailable(f"cannot open the lock beside {path}: {exc.strerror or exc}") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    return fd
+
+
 def check_socket(path: Path, spec: str) -> None:
     """ReuseUnavailable unless `path` is a socket of this user's (start_one when there is none yet)."""
     try:
@@ -173,9 +193,10 @@ def closing_reason(line: bytes) -> str | None:
     return None
 
 
-def start_multiplexer(target: Target, path: Path) -> None:
+def start_multiplexer(target: Target, path: Path, lock: int) -> None:
     """Start a multiplexer for `target` in its own session (a Ctrl-C at the terminal never reaches it), with
-    no terminal and no pipe of ours (a caller reading our output to its end is not kept waiting)."""
+    no terminal and no pipe of ours (a caller reading our output to its end is not kept waiting). It inherits
+    `lock` (held, from `take_lock`): the key is never free between this command and it."""
     env = dict(os.environ)
     # Wherever this console is imported from (a wheel, a source tree), the multiplexer imports the same.
     root = str(Path(__file__).resolve().parents[2])
@@ -187,7 +208,8 @@ def start_multiplexer(target: Target, path: Path) -> None:
         (os.POSIX_SPAWN_OPEN, 2, logfile, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600),
     ]
     try:
-        pid = os.posix_spawn(sys.executable, target.argv(path), env, file_actions=actions, setsid=True)
+        os.set_inheritable(lock, True)
+        pid = os.posix_spawn(sys.executable, target.argv(path, lock), env, file_actions=actions, setsid=True)
     except (OSError, NotImplementedError) as exc:  # NotImplementedError: a libc without POSIX_SPAWN_SETSID
         log(f"{target.spec}: cannot start a multiplexer: {exc}")
         return

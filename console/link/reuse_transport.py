@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -88,31 +90,65 @@ class ReusingTransport(Transport):
         self.description = target.spec
         self._direct = direct
         self._inner: Transport | None = None
+        self._path: Path | None = None  # the socket looked at first
 
     @property
     def multiplexer_pid(self) -> int | None:
         return self._inner.pid if isinstance(self._inner, MultiplexedTransport) else None
 
     async def open(self) -> None:
-        path: Path | None = None
+        self._inner = None  # a reconnect opens afresh
+        lock: int | None = None
         try:
-            path = reuse.socket_path(self.target)
-            if path in reuse.passed_over:
-                raise reuse.passed_over[path]
-            shared = MultiplexedTransport(self.target.spec, path)
-            await shared.open()
-            self._inner = shared
-            return
+            lock = await self._shared_or_lock()
         except reuse.ReuseUnavailable as exc:
             reuse.log(f"{self.target.spec}: connecting directly: {exc}")
-            if not exc.start_one:
-                path = None
-        direct = self._direct()
-        await direct.open()  # its host key checks passed: only now may a multiplexer be started
-        self._inner = direct
-        if path is not None:
-            # Keyed again: a host key just trusted changed known_hosts, and the next command looks there.
-            reuse.start_multiplexer(self.target, reuse.socket_path(self.target))
+        if self._inner is not None:
+            return
+        try:
+            direct = self._direct()
+            await direct.open()  # its host key checks passed: only now may a multiplexer be started
+            self._inner = direct
+            if lock is not None:
+                path = reuse.socket_path(self.target)
+                if path != self._path:  # a host key just trusted changed known_hosts, and with it the key
+                    os.close(lock)
+                    lock = reuse.take_lock(path)
+                if lock is not None:
+                    reuse.start_multiplexer(self.target, path, lock)
+        finally:
+            if lock is not None:
+                os.close(lock)  # the multiplexer holds it now, or nobody: the next command starts one
+
+    async def _shared_or_lock(self) -> int | None:
+        """Through the multiplexer (`_inner`, then None); else the key's lock, held, for this command to start
+        one. While another command or its multiplexer holds the lock, wait (WINNER_WAIT_S at most) for that
+        multiplexer to serve; ReuseUnavailable when none serves and this command is not to start one."""
+        self._path = reuse.socket_path(self.target)
+        deadline = time.monotonic() + reuse.WINNER_WAIT_S
+        found = reuse.passed_over.get(self._path)
+        while True:
+            if found is None:
+                shared = MultiplexedTransport(self.target.spec, self._path)
+                try:
+                    await shared.open()
+                except reuse.ReuseUnavailable as exc:
+                    found = exc
+                else:
+                    self._inner = shared
+                    return None
+            if not found.start_one:
+                raise found  # hung, or not ours: passed over, and another started in its place would be too
+            lock = reuse.take_lock(self._path)
+            if lock is not None:
+                reuse.log(f"{self.target.spec}: connecting directly: {found}")
+                return lock
+            if time.monotonic() > deadline:
+                raise reuse.ReuseUnavailable(
+                    f"{found}, and the one starting did not serve in {reuse.WINNER_WAIT_S:g} s"
+                )
+            await asyncio.sleep(0.05)
+            found = None
 
     async def send(self, line: bytes) -> None:
         if self._inner is None:
