@@ -21,6 +21,7 @@ import sys
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 import httpx
 import pytest
@@ -31,12 +32,14 @@ from backends.bench.client import Plan, drive
 from backends.bench.measure import figures, latency_stats
 from backends.bench.prompts import load_prompts, random_prompts
 from backends.bench.stream import BenchError, Chunk, Outcome, SSEDecoder, parse_chunk
+from backends.protocol import RunInfo
 from backends.runs.store import RunDir
 from console.fleet.hosts import Fleet
 from console.link.local import LocalTransport
 from console.render import bench_beside, bench_compare, bench_lines
 from console.tui.app import ConsoleApp
-from console.tui.panels import RunDetail, RunsTable
+from console.tui.panels import RunDetail, RunFacts, RunsTable, detail_text
+from console.tui.timeline import timeline
 from tests.conftest import CLI, free_port, launch, until, wait_state
 
 OUTPUT = Path(__file__).parent / "sglang_output"
@@ -432,6 +435,40 @@ def test_the_detail_sets_a_serve_runs_latest_bench_beside_other_drafts_latest() 
     assert bench_beside(this, [unbenched], shown=2) == [] == bench_beside(unbenched, others, shown=2)
     narrow = bench_beside(this, others, shown=2, width=40)
     assert len(narrow) > 3 and all(len(line) <= 40 for line in narrow)
+
+
+def test_a_benched_servers_detail_leads_with_its_bench_and_the_others_beside_it_within_100x30s_panel() -> None:
+    """At 100x30 the detail shows about 12 lines of a 44-column panel: the bench, which is what a benched server's
+    detail is read for, comes before its startup timeline and its notes (which used to push it out of view)."""
+
+    def serve(name: str, draft: str, t: float, accept: float, benches: int = 1) -> dict[str, object]:
+        figures = {"ok": 8, "errors": 0, "cut": 0, "accept_len": accept, "output_tok_s": 1000 * accept}
+        result = {"t": t, "draft": draft, "settings": {"api": "chat", "concurrency": 4, "max_tokens": 64}}
+        base = {"id": name, "name": name, "kind": "serve", "state": "ready", "phase": "ready", "argv": ["serve"]}
+        return {**base, "bench": [{**result, "figures": figures}] * benches}
+
+    events: list[dict[str, object]] = [{"t": 0.0, "type": "launch"}]
+    events += [{"t": float(i), "type": "phase", "phase": p} for i, p in enumerate(["init", "load-weights", "ready"], 1)]
+    message = "flags not checked: the command is wrapper script: SGLang's flags are not on its command line"
+    events.append({"t": 4.0, "type": "flags", "severity": "info", "message": message, "fix": "write the command " * 6})
+    this = serve("srv-b", "/d/step-2400", 30, 3.1, benches=3)
+    other = cast(RunInfo, serve("srv-a", "/d/step-1200/", 20, 2.4))  # the fields the detail reads of a status row
+    facts = RunFacts(line=timeline(events), benched=[other])
+    shown = detail_text(this, facts, now=10.0, width=44).plain.splitlines()
+    within = "\n".join(shown[:12])
+
+    def first(text: str) -> int:
+        return next(i for i, line in enumerate(shown) if text in line)
+
+    # Its latest first, beside the other's (its own history would push the comparison out of view).
+    assert shown[2].startswith("latest bench beside") and within.count("accept 3.10") == 1
+    assert first("step-2400 (srv-b)") < first("step-1200 (srv-a)") < 12 and within.count("itl_p50/p99") == 2
+    assert all(len(line) <= 44 for line in shown)
+
+    # The startup timeline and the parser's note follow the bench, not lost.
+    assert first("step-1200 (srv-a)") < first("ready in 3.0 s") < first("flags not checked")
+    alone = detail_text(this, RunFacts(line=timeline(events)), now=10.0, width=44).plain
+    assert alone.count("accept 3.10") == 3  # no other draft benched: its latest three
 
 
 # ----- prompts -----

@@ -349,6 +349,14 @@ def hanging(line: str, width: int) -> str:
     return "\n".join(wrapped or [""]) + "\n"
 
 
+def bench_block(run: Mapping[str, Any], facts: RunFacts, width: int) -> list[str]:
+    """A benched server's figures, placed before how it started: once benched, they are what its detail is read for,
+    and at 100x30 whatever follows its startup timeline and notes is cut. Beside other drafts' benches (which lead
+    with its own latest), that comparison alone; else its latest BENCH_SHOWN."""
+    beside = bench_beside(run, facts.benched, BENCH_BESIDE, width)
+    return beside or bench_lines((run.get("bench") or [])[-BENCH_SHOWN:], width)
+
+
 def detail_text(
     run: Mapping[str, Any] | None,
     facts: RunFacts | None = None,
@@ -375,6 +383,8 @@ def detail_text(
         text.append(hanging(facts.job, width), style="bold")
     if not alive:
         text.append(printable(ended_text(run)) + "\n", style="bold red" if run["state"] in FAILED_STATES else "")
+    for line in bench_block(run, facts, width):
+        text.append(printable(line) + "\n")
     if facts.line is not None and run["kind"] == "serve":
         for line in summary_lines(facts.line, now, width):
             text.append(printable(line) + "\n")
@@ -414,10 +424,6 @@ def detail_text(
         steps = "; ".join(f"{attempt}: {', '.join(edits) or 'no flag changed'}" for attempt, edits in since)
         base = "the last attempt that logged" if facts.edits_logged else "the first attempt (none logged metrics)"
         text.append(hanging(f"edits since {logged}, {base}: {steps}", width), style="dim")
-    for line in bench_lines((run.get("bench") or [])[-BENCH_SHOWN:], width):
-        text.append(printable(line) + "\n")
-    for line in bench_beside(run, facts.benched, BENCH_BESIDE, width):
-        text.append(printable(line) + "\n")
     command = command_line(run["argv"])
     text.append(command if len(command) <= COMMAND_CHARS else command[: COMMAND_CHARS - 1] + "…", style="dim")
     return text
