@@ -60,15 +60,23 @@ def workdir(tmp_path: Path) -> Iterator[Path]:
     """The run store of one test; whatever runs it started are killed afterwards, even when the test failed."""
     path = tmp_path / "work"
     yield path
+    kill_runs_of(path)
+
+
+def kill_runs_of(*stores: Path) -> None:
+    """Kill whatever runs of these run stores still live (a test's teardown, even when the test failed)."""
     from backends.host import procinfo
     from backends.protocol import ENV_RUN_ID
     from backends.runs import control as runctl
     from backends.runs.store import RunStore
 
-    if (path / "runs").is_dir():
-        # A run with no child recorded has live processes only if one carries its id in its environment: one read
-        # of each process's environment here, not one per run (a store of 600 runs took 20 s to look over).
-        marked = {procinfo.environ_value(stat.pid, ENV_RUN_ID) for stat in procinfo.live_stats()}
+    present = [path for path in stores if (path / "runs").is_dir()]
+    if not present:
+        return
+    # A run with no child recorded has live processes only if one carries its id in its environment: one read
+    # of each process's environment here, not one per run (a store of 600 runs took 20 s to look over).
+    marked = {procinfo.environ_value(stat.pid, ENV_RUN_ID) for stat in procinfo.live_stats()}
+    for path in present:
         for run in RunStore(path).all():
             if (run.child() is not None or run.id in marked) and runctl.has_live_processes(run):
                 runctl.kill(run, "KILL", 0)

@@ -28,7 +28,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from console.cli import config
-from tests.conftest import REPO, ctrl_c_reaches_it, free_port
+from tests.conftest import REPO, ctrl_c_reaches_it, free_port, kill_runs_of
 from tests.sshd import SSHD, Sshd, home_for, start_sshd
 from tests.tmux import Tmux
 from tests.train_fixtures import job_words, worker_of
@@ -110,6 +110,7 @@ def laptop(tmp_path: Path) -> Iterator[Laptop]:
     )
     runtime = Path(tempfile.mkdtemp(prefix="e3m", dir="/tmp"))  # short: socket paths must fit in 108 bytes
     yield Laptop(home, runtime, servers)
+    kill_runs_of(*(tmp_path / name for name in servers))  # the hosts' runs go with the test, as a workdir's do
     subprocess.run(["pkill", "-TERM", "-f", f"console.link.multiplexer --socket {runtime}"], check=False)
     for server in servers.values():
         if server.process.poll() is None:
