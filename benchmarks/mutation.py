@@ -1,0 +1,272 @@
+"""A mutation score for the modules that keep a run's fate and send signals (issue 27), with mutmut 3.
+
+    bash benchmarks/mutation.sh [MODULE ...] [--workdir DIR] [--max-children 2]
+
+Run by hand, never in CI: on 2 cores a full run takes long (the sh wrapper runs it under `nice -n 19` and
+`ionice -c3`). Each module is mutated on its own, in a copy of this tree under --workdir (default
+/tmp/eagle3-mutation/MODULE: the checkout is never touched), against the test files that exercise it (its unit
+tests, not the tmux or sshd end-to-end ones), each mutant run against the tests that reach the mutated function.
+
+The tests start real processes (`python -m backends.runs.supervise`, the agent, `python -m console`): they run the
+mutated copy too (its folder is first on their PYTHONPATH and they inherit MUTANT_UNDER_TEST), and
+`mutation_site/sitecustomize.py` tells mutmut which test reached a function only in such a child, so that a mutant
+there is run against that test rather than called "no tests". A test that starts a child with an environment of
+its own (not the inherited one) runs the real code in that child.
+
+Prints a table per module: mutants, killed, survived (no test failed), no tests (no test reached it), timeout,
+other (mutmut's suspicious or segfault) and score = (killed + timeout) / mutants. Each module's survivors, with
+their diffs, are written to WORKDIR/MODULE/survivors.txt, the table to WORKDIR/results.json (a run of some modules
+keeps the others' rows). `cd WORKDIR/MODULE && PYTHONPATH=REPO/benchmarks/mutation_site REPO/.venv/bin/python -c
+'import sitecustomize as s; s.main()' show NAME` shows one mutant.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from benchmarks._common import print_table
+
+REPO = Path(__file__).resolve().parent.parent
+SITE = REPO / "benchmarks" / "mutation_site"
+TAG_ENV = "MUTATION_RUN_TAG"
+
+
+@dataclass(frozen=True)
+class Target:
+    files: tuple[str, ...]
+    tests: tuple[str, ...]
+    deselect: tuple[str, ...] = ()
+
+    def test_args(self, root: Path) -> list[str]:
+        name = Path(self.files[0]).stem
+        kills = f"tests/test_mutation_kills_{name}.py"
+        tests = [*self.tests, *([kills] if (root / kills).is_file() else [])]
+        return [*tests, *(f"--deselect={test}" for test in self.deselect)]
+
+
+RUNS = "tests/test_runstore.py"
+FAULTS = "tests/test_faults_processes.py"
+TARGETS: dict[str, Target] = {
+    "fileio": Target(("backends/fileio.py",), (RUNS, FAULTS)),
+    "store": Target(("backends/runs/store.py",), (RUNS, "tests/test_lost_runs.py", FAULTS)),
+    "control": Target(
+        ("backends/runs/control.py",),
+        (RUNS, FAULTS, "tests/test_run_identity.py"),
+        ("tests/test_run_identity.py::test_an_agent_over_ssh_whose_login_hands_it_a_runs_marker_sheds_it",),
+    ),
+    "supervise": Target(("backends/runs/supervise.py",), (RUNS, FAULTS)),
+    "procinfo": Target(("backends/host/procinfo.py",), ("tests/test_procinfo.py", "tests/test_faults_records.py")),
+    "freegpus": Target(
+        ("backends/host/freegpus.py",),
+        ("tests/test_freegpus.py",),
+        (
+            "tests/test_freegpus.py::"
+            "test_the_plan_says_whose_each_process_is_and_a_run_of_another_workdir_ends_killed_there[gpu-test]",
+        ),
+    ),
+    "protocol": Target(
+        ("backends/protocol.py",), ("tests/test_protocol.py", "tests/test_client_ops.py", "tests/test_metric_names.py")
+    ),
+    # The console's kill and relaunch: actions.py and the job grouping it kills and relaunches jobs by, through the
+    # CLI's own processes.
+    "actions": Target(
+        ("console/actions.py", "console/fleet/jobs.py"),
+        (
+            "tests/test_jobs.py",
+            "tests/test_cli.py::test_kill_stops_the_whole_process_group",
+            "tests/test_cli.py::test_kill_escalates_to_sigkill_after_grace",
+            "tests/test_cli.py::test_kill_of_an_ended_run_says_so",
+            "tests/test_cli.py::test_relaunch_sets_and_unsets_flags_and_links_parent",
+            "tests/test_cli.py::test_free_gpus_dry_run_then_for_real",
+            "tests/test_cli.py::test_gpu_processes_are_attributed_to_their_run_and_freeing_them_kills_it",
+            "tests/test_faults_inputs.py::test_relaunch_dry_run_would_stop_only_a_run_that_is_alive",
+        ),
+    ),
+}
+
+# mutmut's exit codes (mutmut.stats.status_by_exit_code), grouped as the table counts them.
+KILLED = {1, 3}
+SURVIVED = {0}
+NO_TESTS = {5, 33}
+TIMEOUT = {36, -24, 24, 152, 255}
+
+
+def mutmut_config(target: Target, root: Path) -> str:
+    def toml_list(items: list[str]) -> str:
+        return "[" + ", ".join(json.dumps(i) for i in items) + "]"
+
+    return (
+        "\n[tool.mutmut]\n"
+        'source_paths = ["backends", "console"]\n'
+        'also_copy = ["themes"]\n'
+        f"only_mutate = {toml_list(list(target.files))}\n"
+        f"pytest_add_cli_args_test_selection = {toml_list(target.test_args(root))}\n"
+        # a mutant that hangs a test is killed by its test's timeout rather than the suite's 120 s
+        'pytest_add_cli_args = ["-p", "no:cacheprovider", "--timeout=90"]\n'
+        "use_git_change_detection = false\n"
+    )
+
+
+def prepare(work: Path, target: Target) -> None:
+    if work.exists():
+        shutil.rmtree(work)
+    work.mkdir(parents=True)
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
+    for folder in ("backends", "console", "themes", "tests"):
+        shutil.copytree(REPO / folder, work / folder, ignore=ignore)
+    # there before any interpreter starts: one that found it missing on its PYTHONPATH would never look again
+    (work / "mutants").mkdir()
+    pyproject = (REPO / "pyproject.toml").read_text()
+    (work / "pyproject.toml").write_text(pyproject + mutmut_config(target, work))
+
+
+def ours(tag: str) -> list[int]:
+    """Every process still running that this run started, however deep: they carry its tag in their environment."""
+    marker = f"{TAG_ENV}={tag}".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            environ = (entry / "environ").read_bytes()
+        except OSError:
+            continue
+        if marker in environ.split(b"\0"):
+            found.append(int(entry.name))
+    return found
+
+
+def kill_leftovers(tag: str) -> int:
+    """SIGKILL what the tests of this run left behind (a mutant that broke `kill` leaves its runs going)."""
+    killed = 0
+    for _ in range(10):
+        pids = ours(tag)
+        if not pids:
+            break
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+                killed += 1
+            except ProcessLookupError:
+                pass
+        time.sleep(0.5)
+    return killed
+
+
+def mutmut(work: Path, args: list[str], env: dict[str, str], log: Path | None = None) -> int:
+    argv = [sys.executable, "-c", "import sitecustomize as s; s.main()", *args]
+    if log is None:
+        return subprocess.run(argv, cwd=work, env=env, check=False).returncode
+    with log.open("ab") as out:
+        return subprocess.run(argv, cwd=work, env=env, stdout=out, stderr=subprocess.STDOUT, check=False).returncode
+
+
+def results_of(work: Path, target: Target) -> dict[str, dict[str, int | None]]:
+    """Each mutated file's mutants and their exit codes, as mutmut left them."""
+    found = {}
+    for file in target.files:
+        meta = json.loads((work / "mutants" / f"{file}.meta").read_text())
+        found[file] = meta["exit_code_by_key"]
+    return found
+
+
+def row(module: str, codes: dict[str, int | None], seconds: float) -> dict[str, Any]:
+    values = list(codes.values())
+    count = {
+        "mutants": len(values),
+        "killed": sum(v in KILLED for v in values),
+        "survived": sum(v in SURVIVED for v in values),
+        "no_tests": sum(v in NO_TESTS for v in values),
+        "timeout": sum(v in TIMEOUT for v in values),
+    }
+    count["other"] = count["mutants"] - sum(count[k] for k in ("killed", "survived", "no_tests", "timeout"))
+    score = (count["killed"] + count["timeout"]) / count["mutants"] if count["mutants"] else float("nan")
+    return {"module": module, **count, "score": round(100 * score, 1), "seconds": round(seconds)}
+
+
+def write_survivors(work: Path, codes: dict[str, int | None], env: dict[str, str]) -> list[str]:
+    names = sorted(name for name, code in codes.items() if code in SURVIVED | NO_TESTS)
+    out = work / "survivors.txt"
+    out.write_text("")
+    for name in names:
+        mutmut(work, ["show", name], env, out)
+    return names
+
+
+def run_module(name: str, root: Path, max_children: int) -> list[dict[str, Any]]:
+    target = TARGETS[name]
+    work = root / name
+    prepare(work, target)
+    tag = uuid.uuid4().hex
+    hits = work / "child-hits.jsonl"
+    hits.touch()
+    hits.chmod(0o666)  # the permission tests run some children as nobody
+    env = {
+        **os.environ,
+        TAG_ENV: tag,
+        "MUTATION_CHILD_HITS": str(hits),
+        # the mutated copy first, for every process the tests start; sitecustomize for the hits of each
+        "PYTHONPATH": os.pathsep.join([str(SITE), str(work / "mutants")]),
+    }
+    env.pop("MUTANT_UNDER_TEST", None)
+    print(f"== {name}: {', '.join(target.files)} against {' '.join(target.test_args(work))}", flush=True)
+    started = time.monotonic()
+    log = work / "mutmut.log"
+    try:
+        rc = mutmut(work, ["run", f"--max-children={max_children}"], env, log)
+    finally:
+        left = kill_leftovers(tag)
+    seconds = time.monotonic() - started
+    if left:
+        print(f"   killed {left} processes its tests left running", flush=True)
+    if rc != 0:
+        tail = log.read_bytes()[-3000:].decode(errors="replace").replace("\r", "\n").splitlines()[-15:]
+        print(f"   mutmut exited {rc}; the end of {log}:", *tail, sep="\n   ", flush=True)
+    rows = []
+    for file, codes in results_of(work, target).items():
+        survivors = write_survivors(work, {f"{k}": v for k, v in codes.items()}, env)
+        rows.append(row(f"{name}:{file}" if len(target.files) > 1 else name, codes, seconds))
+        print(f"   {file}: {len(survivors)} survivors (diffs in {work / 'survivors.txt'})", flush=True)
+    kill_leftovers(tag)
+    return rows
+
+
+HEADERS = ("module", "mutants", "killed", "survived", "no tests", "timeout", "other", "score %", "wall s")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("modules", nargs="*", metavar="MODULE", help=f"of {', '.join(TARGETS)} (default: all)")
+    parser.add_argument("--workdir", type=Path, default=Path("/tmp/eagle3-mutation"))
+    parser.add_argument("--max-children", type=int, default=2)
+    args = parser.parse_args()
+    modules = args.modules or list(TARGETS)
+    if unknown := [m for m in modules if m not in TARGETS]:
+        parser.error(f"no module {', '.join(unknown)}: choose of {', '.join(TARGETS)}")
+    root: Path = args.workdir.resolve()
+    root.mkdir(parents=True, exist_ok=True)
+    table_file = root / "results.json"
+    table = json.loads(table_file.read_text()) if table_file.exists() else {}
+    started = time.monotonic()
+    for name in modules:
+        for each in run_module(name, root, args.max_children):
+            table[each["module"]] = each
+        table_file.write_text(json.dumps(table, indent=1))
+    print(f"\nmutation run of {', '.join(modules)}: {time.monotonic() - started:.0f} s wall\n")
+    keys = ("module", "mutants", "killed", "survived", "no_tests", "timeout", "other", "score", "seconds")
+    print_table([[str(r[k]) for k in keys] for r in table.values()], HEADERS)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,80 @@
+"""Imported by every Python process that benchmarks/mutation.py starts (its folder is on their PYTHONPATH).
+
+mutmut (3.x) learns which tests reach a function by counting the calls its trampolines see in the pytest process.
+Much of the run engine runs in processes the tests start (`python -m backends.runs.supervise`, `python -m console`,
+the agent): those inherit MUTANT_UNDER_TEST, so they run the mutant under test, but the calls they make while the
+stats are gathered would be lost with them, and a mutant reached only through a child would be "no tests". In such
+a child this module writes each function it reaches to a file, with the test that started the child
+(PYTEST_CURRENT_TEST, inherited too); `main`, mutmut's own entry in the process that runs it, adds them to mutmut's
+stats before it saves them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+HITS_ENV = "MUTATION_CHILD_HITS"
+
+
+def _test_of_this_process() -> str:
+    return os.environ.get("PYTEST_CURRENT_TEST", "").rsplit(" (", 1)[0]
+
+
+def _record_hits_of_a_child() -> None:
+    path = os.environ.get(HITS_ENV)
+    if not path or os.environ.get("MUTANT_UNDER_TEST") != "stats" or not _test_of_this_process():
+        return
+    import mutmut.mutation.trampoline as trampoline
+
+    seen: set[str] = set()
+
+    def record(name: str, caller: str | None = None) -> None:
+        if name in seen:
+            return
+        seen.add(name)
+        try:  # a child running as nobody may not write it: its hits are lost, never its test
+            with open(path, "a") as out:
+                out.write(json.dumps([_test_of_this_process(), name]) + "\n")
+        except OSError:
+            pass
+
+    setattr(trampoline, "record_trampoline_hit", record)  # noqa: B010 (it is imported by name, not exported)
+
+
+def _add_child_hits() -> None:
+    from mutmut.state import state
+
+    known = state().duration_by_test
+    try:
+        with open(os.environ[HITS_ENV]) as hits:
+            lines = hits.read().splitlines()
+    except FileNotFoundError:
+        return
+    for line in lines:
+        try:
+            test, name = json.loads(line)
+        except ValueError:  # a line a killed child left half written
+            continue
+        if test in known:
+            state().tests_by_mangled_function_name[name].add(test)
+
+
+def main() -> None:
+    """mutmut's command line, its stats completed with what the tests' children reached."""
+    import mutmut.__main__ as mutmut_main
+    import mutmut.runners.harness as harness
+    import mutmut.stats as stats
+
+    save_stats = stats.save_stats
+
+    def save_with_child_hits() -> None:
+        _add_child_hits()
+        save_stats()
+
+    for module in (mutmut_main, harness, stats):
+        setattr(module, "save_stats", save_with_child_hits)  # noqa: B010 (each imported it by name, unexported)
+    mutmut_main.cli()
+
+
+_record_hits_of_a_child()
