@@ -3,8 +3,9 @@
     bash benchmarks/mutation.sh [MODULE ...] [--workdir DIR] [--max-children 2]
 
 Run by hand, never in CI: on 2 cores a full run takes long (the sh wrapper runs it under `nice -n 19` and
-`ionice -c3`). Each module is mutated on its own, in a copy of this tree under --workdir (default
-/tmp/eagle3-mutation/MODULE: the checkout is never touched), against the test files that exercise it (its unit
+`ionice -c3`). Each module is mutated on its own, in a copy of the committed tree (HEAD, plus any
+tests/test_mutation_kills_*.py being written) under --workdir (default /tmp/eagle3-mutation/MODULE: the checkout
+is never touched), against the test files that exercise it (its unit
 tests, not the tmux or sshd end-to-end ones), each mutant run against the tests that reach the mutated function.
 
 The tests start real processes (`python -m backends.runs.supervise`, the agent, `python -m console`): they run the
@@ -31,6 +32,7 @@ import subprocess
 import sys
 import time
 import uuid
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -100,6 +102,7 @@ KILLED = {1, 3}
 SURVIVED = {0}
 NO_TESTS = {5, 33}
 TIMEOUT = {36, -24, 24, 152, 255}
+LEFT = SURVIVED | NO_TESTS
 
 
 def mutmut_config(target: Target, root: Path) -> str:
@@ -122,13 +125,20 @@ def prepare(work: Path, target: Target) -> None:
     if work.exists():
         shutil.rmtree(work)
     work.mkdir(parents=True)
-    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
-    for folder in ("backends", "console", "themes", "tests"):
-        shutil.copytree(REPO / folder, work / folder, ignore=ignore)
+    # The committed code and tests (another's edit under way is not measured), and the kill tests being written.
+    archive = subprocess.run(
+        ["git", "archive", "HEAD", "backends", "console", "themes", "tests", "pyproject.toml"],
+        cwd=REPO,
+        capture_output=True,
+        check=True,
+    ).stdout
+    subprocess.run(["tar", "-x", "-C", str(work)], input=archive, check=True)
+    for kills in (REPO / "tests").glob("test_mutation_kills_*.py"):
+        shutil.copy2(kills, work / "tests" / kills.name)
     # there before any interpreter starts: one that found it missing on its PYTHONPATH would never look again
     (work / "mutants").mkdir()
-    pyproject = (REPO / "pyproject.toml").read_text()
-    (work / "pyproject.toml").write_text(pyproject + mutmut_config(target, work))
+    with (work / "pyproject.toml").open("a") as pyproject:
+        pyproject.write(mutmut_config(target, work))
 
 
 def ours(tag: str) -> list[int]:
@@ -182,8 +192,9 @@ def results_of(work: Path, target: Target) -> dict[str, dict[str, int | None]]:
 
 
 def row(module: str, codes: dict[str, int | None], seconds: float) -> dict[str, Any]:
-    values = list(codes.values())
+    values = [code for code in codes.values() if code is not None]  # not run: left out by --sample
     count = {
+        "generated": len(codes),
         "mutants": len(values),
         "killed": sum(v in KILLED for v in values),
         "survived": sum(v in SURVIVED for v in values),
@@ -196,18 +207,32 @@ def row(module: str, codes: dict[str, int | None], seconds: float) -> dict[str, 
 
 
 def write_survivors(work: Path, codes: dict[str, int | None], env: dict[str, str]) -> list[str]:
-    names = sorted(name for name, code in codes.items() if code in SURVIVED | NO_TESTS)
+    names = sorted(name for name, code in codes.items() if code in LEFT)
     out = work / "survivors.txt"
     out.write_text("")
-    for name in names:
-        mutmut(work, ["show", name], env, out)
+    if names:
+        mutmut(work, ["show-all", *names], env, out)
     return names
 
 
-def run_module(name: str, root: Path, max_children: int) -> list[dict[str, Any]]:
+def again(work: Path, target: Target) -> list[str]:
+    """Ready the last run's folder for its survivors to be run again, against the kill tests written since; their
+    names."""
+    for kills in (REPO / "tests").glob("test_mutation_kills_*.py"):
+        shutil.copy2(kills, work / "tests" / kills.name)
+    pyproject = work / "pyproject.toml"
+    pyproject.write_text(pyproject.read_text().split("\n[tool.mutmut]\n")[0] + mutmut_config(target, work))
+    return [name for codes in results_of(work, target).values() for name, code in codes.items() if code in LEFT]
+
+
+def run_module(name: str, root: Path, max_children: int, rerun: bool, sample: int) -> list[dict[str, Any]]:
     target = TARGETS[name]
     work = root / name
-    prepare(work, target)
+    names = again(work, target) if rerun else []
+    if not rerun:
+        prepare(work, target)
+    elif not names:
+        print(f"== {name}: no survivors to run again", flush=True)
     tag = uuid.uuid4().hex
     hits = work / "child-hits.jsonl"
     hits.touch()
@@ -220,11 +245,18 @@ def run_module(name: str, root: Path, max_children: int) -> list[dict[str, Any]]
         "PYTHONPATH": os.pathsep.join([str(SITE), str(work / "mutants")]),
     }
     env.pop("MUTANT_UNDER_TEST", None)
+    if rerun:
+        env["MUTATION_KEEP_RESULTS"] = "1"  # the killed stay killed: only the new tests' stats are gathered
     print(f"== {name}: {', '.join(target.files)} against {' '.join(target.test_args(work))}", flush=True)
     started = time.monotonic()
     log = work / "mutmut.log"
+    if sample > 1 and not rerun:
+        mutmut(work, ["generate"], env, log)
+        names = [
+            n for codes in results_of(work, target).values() for n in codes if zlib.crc32(n.encode()) % sample == 0
+        ]
     try:
-        rc = mutmut(work, ["run", f"--max-children={max_children}"], env, log)
+        rc = 0 if rerun and not names else mutmut(work, ["run", f"--max-children={max_children}", *names], env, log)
     finally:
         left = kill_leftovers(tag)
     seconds = time.monotonic() - started
@@ -242,7 +274,7 @@ def run_module(name: str, root: Path, max_children: int) -> list[dict[str, Any]]
     return rows
 
 
-HEADERS = ("module", "mutants", "killed", "survived", "no tests", "timeout", "other", "score %", "wall s")
+HEADERS = ("module", "generated", "run", "killed", "survived", "no tests", "timeout", "other", "score %", "wall s")
 
 
 def main() -> None:
@@ -250,21 +282,33 @@ def main() -> None:
     parser.add_argument("modules", nargs="*", metavar="MODULE", help=f"of {', '.join(TARGETS)} (default: all)")
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/eagle3-mutation"))
     parser.add_argument("--max-children", type=int, default=2)
+    parser.add_argument(
+        "--sample",
+        type=int,
+        default=1,
+        metavar="N",
+        help="run one mutant in N, picked by a hash of its name (the same ones every run); default: every one",
+    )
+    parser.add_argument(
+        "--again",
+        action="store_true",
+        help="run the last run's survivors again, with the kill tests written since (results-again.json)",
+    )
     args = parser.parse_args()
     modules = args.modules or list(TARGETS)
     if unknown := [m for m in modules if m not in TARGETS]:
         parser.error(f"no module {', '.join(unknown)}: choose of {', '.join(TARGETS)}")
     root: Path = args.workdir.resolve()
     root.mkdir(parents=True, exist_ok=True)
-    table_file = root / "results.json"
+    table_file = root / ("results-again.json" if args.again else "results.json")
     table = json.loads(table_file.read_text()) if table_file.exists() else {}
     started = time.monotonic()
     for name in modules:
-        for each in run_module(name, root, args.max_children):
+        for each in run_module(name, root, args.max_children, args.again, args.sample):
             table[each["module"]] = each
         table_file.write_text(json.dumps(table, indent=1))
     print(f"\nmutation run of {', '.join(modules)}: {time.monotonic() - started:.0f} s wall\n")
-    keys = ("module", "mutants", "killed", "survived", "no_tests", "timeout", "other", "score", "seconds")
+    keys = ("module", "generated", "mutants", "killed", "survived", "no_tests", "timeout", "other", "score", "seconds")
     print_table([[str(r[k]) for k in keys] for r in table.values()], HEADERS)
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 
 HITS_ENV = "MUTATION_CHILD_HITS"
 
@@ -74,6 +75,29 @@ def main() -> None:
 
     for module in (mutmut_main, harness, stats):
         setattr(module, "save_stats", save_with_child_hits)  # noqa: B010 (each imported it by name, unexported)
+    if sys.argv[1:] == ["generate"]:  # the mutants alone, no test run: --sample picks among them
+        from mutmut.__main__ import create_mutants
+        from mutmut.mutation.trampoline import set_mutant_under_test
+        from mutmut.utils.file_utils import copy_also_copy_files, copy_src_dir
+
+        set_mutant_under_test("mutant_generation")
+        copy_src_dir()
+        copy_also_copy_files()
+        create_mutants(2)
+        return
+    if sys.argv[1:2] == ["show-all"]:  # mutmut's `show` of each mutant named, in one process
+        from mutmut.mutation.diff_apply import find_mutant, get_diff_for_mutant
+        from mutmut.stats import status_by_exit_code
+
+        for name in sys.argv[2:]:
+            found = find_mutant(name)
+            print(f"# {name}: {status_by_exit_code[found.exit_code_by_key[name]]}")
+            print(get_diff_for_mutant(name, path=found.path))
+        return
+    if os.environ.get("MUTATION_KEEP_RESULTS"):
+        # mutmut forgets every result when the tests it runs change; --again keeps them, and runs the survivors
+        # it names against the new tests, whose stats mutmut gathers as it does for any test it has not seen.
+        setattr(mutmut_main, "_apply_config_change_invalidation", lambda *_: False)  # noqa: B010
     mutmut_main.cli()
 
 
