@@ -16,7 +16,6 @@ from typing import Literal
 
 from backends.protocol import MetricRow
 from console import render
-from console.cli import export
 from console.cli.config import UsageError
 from console.cli.output import (
     EXIT_FAILED,
@@ -86,6 +85,8 @@ class MetricsPrinter:
                 out(line)
 
     def csv(self, rows: list[MetricRow]) -> None:
+        from console.cli import export  # csv and TensorBoard's writer: only the commands that write them import it
+
         if not rows:
             return
         text = ""
@@ -156,6 +157,8 @@ async def cmd_metrics(client: AgentClient, ns: argparse.Namespace, _: list[str])
     if ns.tail is not None:
         rows = rows[max(0, len(rows) - ns.tail) :]
     if ns.csv:
+        from console.cli import export
+
         text = export.csv_text(rows)  # data into a file or a pipe; on a terminal, a metric name's escapes shown
         sys.stdout.write(visible(text, keep=LINES + "\r") if sys.stdout.isatty() else text)
     elif ns.json:
@@ -171,6 +174,8 @@ async def cmd_metrics(client: AgentClient, ns: argparse.Namespace, _: list[str])
 
 
 async def cmd_export(client: AgentClient, ns: argparse.Namespace, _: list[str]) -> int:
+    from console.cli import export
+
     rows = await all_metric_rows(client, ns.run)
     run = (await client.run_info(ns.run))["id"]
     try:

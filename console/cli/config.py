@@ -39,15 +39,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from console.link import reuse
-
 if TYPE_CHECKING:
     import argparse
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # the same parser, before it joined the standard library
-    import tomli as tomllib
+    from console.link import reuse
 
 # Each setting: its type, and what the message calls it when wrong.
 SETTINGS: dict[str, tuple[type, str]] = {
@@ -170,6 +165,11 @@ def load(flag: Path | None = None) -> Config:
         raise ConfigError(
             f"{path}: cannot be read ({getattr(exc, 'strerror', None) or exc}); fix or remove it"
         ) from None
+    # Imported only when there is a file to read (tomllib ~3 ms): most commands run without one.
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # the same parser, before it joined the standard library
+        import tomli as tomllib
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
@@ -349,4 +349,6 @@ def apply_settings(ns: argparse.Namespace, settings: Config) -> None:
 
 def target_of(ns: argparse.Namespace) -> reuse.Target:
     """What a multiplexer of the host is keyed by (config.toml's settings applied to `ns`)."""
+    from console.link import reuse  # a command on `local` needs no multiplexer
+
     return reuse.Target(ns.host, str(ns.workdir) if ns.workdir is not None else None, ns.remote_python)

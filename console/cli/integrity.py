@@ -6,17 +6,18 @@ Ours are the files our distribution's RECORD lists, with the hashes it lists. Th
 importlib.metadata, whose import alone (email, zipfile, csv...) costs ~25 ms on every status; the check itself
 costs well under a millisecond. A development install (editable: its RECORD lists no package file) is the source
 tree, which is ours by definition.
+
+`--version` runs it before anything else is imported (`console.cli.instant`, issue 28's 40 ms), so it imports
+only hashlib beyond what every Python starts with: paths are os.path's, not pathlib's (~5 ms), and a package is
+looked for by the import system's own finders, not through importlib.util (~3 ms).
 """
 
 from __future__ import annotations
 
 import binascii
 import hashlib
-import importlib.util
-import json
 import os
 import sys
-from pathlib import Path
 
 DIST_INFO_PREFIX = "eagle3_console-"  # pyproject's [project] name as a wheel spells its .dist-info folder
 PACKAGES = ("console", "backends", "themes")
@@ -43,15 +44,13 @@ def warn() -> None:
 
 def foreign_package() -> str | None:
     """The warning's line when a package imported as one of ours is not the one our install wrote; else None."""
-    dist_info = our_dist_info()
-    if dist_info is None or editable(dist_info):
+    install = wheel_install()
+    if install is None:
         return None
-    record = recorded_hashes(dist_info)
-    if not any(path.startswith(f"{PACKAGES[0]}/") for path in record):
-        return None  # an install that lists no package file: the source tree's
+    dist_info, record = install
     for name in PACKAGES:
         file = imported_file(name)
-        if file is None or not written_by_us(file, dist_info.parent, record):
+        if file is None or not written_by_us(file, os.path.dirname(dist_info), record):
             where = file or "no file (a package without __init__.py)"
             return (
                 f"eagle3-console: the package {name!r} at {where} is not eagle3-console's (another package of that "
@@ -60,7 +59,19 @@ def foreign_package() -> str | None:
     return None
 
 
-def our_dist_info() -> Path | None:
+def wheel_install() -> tuple[str, dict[str, str]] | None:
+    """Our .dist-info folder and its RECORD's hashes when our packages were installed from the wheel; None for the
+    source tree: no install, or one that lists no package file (an editable one)."""
+    dist_info = our_dist_info()
+    if dist_info is None:
+        return None
+    record = recorded_hashes(dist_info)
+    if not any(path.startswith(f"{PACKAGES[0]}/") for path in record):
+        return None
+    return dist_info, record
+
+
+def our_dist_info() -> str | None:
     """Our distribution's .dist-info folder: the first on the import path, as importlib.metadata would find it."""
     for entry in sys.path:
         try:
@@ -69,22 +80,15 @@ def our_dist_info() -> Path | None:
             continue  # a zip, a folder gone
         for name in names:
             if name.startswith(DIST_INFO_PREFIX) and name.endswith(".dist-info"):
-                return Path(entry or ".") / name
+                return os.path.join(entry or ".", name)
     return None
 
 
-def editable(dist_info: Path) -> bool:
-    try:
-        direct_url = json.loads((dist_info / "direct_url.json").read_bytes())
-    except (OSError, ValueError):
-        return False
-    return isinstance(direct_url, dict) and bool(direct_url.get("dir_info", {}).get("editable"))
-
-
-def recorded_hashes(dist_info: Path) -> dict[str, str]:
+def recorded_hashes(dist_info: str) -> dict[str, str]:
     """Each file RECORD lists (relative to site-packages) and its hash as RECORD writes it (`sha256=...`)."""
     try:
-        lines = (dist_info / "RECORD").read_text(encoding="utf-8").splitlines()
+        with open(os.path.join(dist_info, "RECORD"), encoding="utf-8") as file:
+            lines = file.read().splitlines()
     except OSError:
         return {}
     # Our package files have no comma in their paths, so the csv module (an import of its own) is not needed.
@@ -93,22 +97,28 @@ def recorded_hashes(dist_info: Path) -> dict[str, str]:
 
 
 def imported_file(name: str) -> str | None:
-    """The file the package `name` is (or would be) imported from."""
+    """The file the package `name` is (or would be) imported from: the first of the import system's finders
+    (`sys.meta_path`) that finds it, as an import asks them."""
     module = sys.modules.get(name)
     if module is not None:
         return getattr(module, "__file__", None)
-    spec = importlib.util.find_spec(name)
-    return spec.origin if spec is not None and spec.has_location else None
+    for finder in sys.meta_path:
+        find_spec = getattr(finder, "find_spec", None)
+        spec = None if find_spec is None else find_spec(name, None)
+        if spec is not None:
+            return spec.origin if spec.has_location else None
+    return None
 
 
-def written_by_us(file: str, site: Path, record: dict[str, str]) -> bool:
+def written_by_us(file: str, site: str, record: dict[str, str]) -> bool:
     relative = os.path.relpath(file, site)
     listed = record.get(relative)
     if listed is None:
         return False
     algorithm, _, expected = listed.partition("=")
     try:
-        digest = hashlib.new(algorithm, Path(file).read_bytes()).digest()
+        with open(file, "rb") as opened:
+            digest = hashlib.new(algorithm, opened.read()).digest()
     except (OSError, ValueError):
         return False
     # RECORD's digest is urlsafe base64 without padding; binascii spares the base64 module's import (~2 ms).

@@ -4,12 +4,13 @@ longer (23 ms) than the kill itself.
 
 `answer(words)` answers such a command (`console.cli.output`'s `cmd_*`) when a multiplexer serves its host, else
 says None and the CLI goes its usual way (which starts a multiplexer). It speaks only to a socket of this user's,
-whose peer is this user, that greets as a multiplexer (the checks of `console.link.reuse`).
+whose peer is this user, that greets as a multiplexer (the checks of `console.link.reuse`). Every command asks it
+first, so what only a one-shot command through a multiplexer needs (the output's rendering, the multiplexer's
+checks) is imported once the command line is known to be one.
 """
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import json
 import os
@@ -17,24 +18,29 @@ import socket
 import sys
 import time
 from collections.abc import Callable, Coroutine
-from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from backends.protocol import MAX_LINE_BYTES, PROTOCOL_VERSION, request_line, too_large_reply
 from console.cli import config, grammar
 from console.cli.config import UsageError
-from console.cli.output import EXIT_FAILED, EXIT_OK, cmd_kill, cmd_stacks, cmd_status, failed, note
-from console.link import reuse
 from console.link.transport import AgentError, AgentOps, NoAnswer, TransportError, no_answer, reply_result, seconds_for
 
+if TYPE_CHECKING:
+    import argparse
+    from pathlib import Path
+
 T = TypeVar("T")
+OneShot = Callable[[AgentOps, "argparse.Namespace", list[str]], Coroutine[Any, Any, int]]
+
+ONE_SHOT = ("status", "stacks", "kill")
 
 
-ONE_SHOT: dict[str, Callable[[AgentOps, argparse.Namespace, list[str]], Coroutine[Any, Any, int]]] = {
-    "status": cmd_status,
-    "stacks": cmd_stacks,
-    "kill": cmd_kill,
-}
+def one_shot(command: str) -> OneShot:
+    """The handler of a one-shot command (of ONE_SHOT)."""
+    from console.cli import output
+
+    handlers: dict[str, OneShot] = {"status": output.cmd_status, "stacks": output.cmd_stacks, "kill": output.cmd_kill}
+    return handlers[command]
 
 
 class BlockingClient(AgentOps):
@@ -52,6 +58,8 @@ class BlockingClient(AgentOps):
 
     def connect(self, path: Path) -> None:
         """Connect and read the greeting; ReuseUnavailable when no multiplexer answers as one should."""
+        from console.link import reuse
+
         reuse.check_socket(path, self.spec)
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
@@ -73,6 +81,8 @@ class BlockingClient(AgentOps):
             raise reuse.ReuseUnavailable(f"the multiplexer at {path} did not greet ({type(exc).__name__})") from None
 
     async def request(self, op: str, **arguments: Any) -> Any:
+        from console.link import reuse  # imported already by connect: the greeting's words
+
         assert self._sock is not None
         request_id = next(self._ids)
         lost = f"{self.spec}: the shared connection was lost"
@@ -141,8 +151,8 @@ def drive(coroutine: Coroutine[Any, Any, T]) -> T:
 def answer(words: list[str]) -> int | None:
     """The exit code of a one-shot command answered through a running multiplexer; None: not such a command, or
     no multiplexer serves its host (nothing was sent then, so the CLI may do it all its usual way)."""
-    if "_ARGCOMPLETE" in os.environ:
-        return None
+    if "_ARGCOMPLETE" in os.environ or grammar.command_of(words) not in ONE_SHOT:
+        return None  # the words' COMMAND, read before they are parsed: any other command parses them only once
     try:
         settings = config.load(grammar.config_flag(words))
         options, tail = grammar.split(grammar.with_host(words, settings.default_host, settings.path), grammar.GRAMMARS)
@@ -154,9 +164,12 @@ def answer(words: list[str]) -> int | None:
         config.apply_settings(ns, settings)
     except (UsageError, config.ConfigError):
         return None  # the CLI says what is wrong
-    command = ONE_SHOT.get(ns.command)
-    if command is None or tail or ns.host == "local" or ns.no_reuse:
+    if ns.command not in ONE_SHOT or tail or ns.host == "local" or ns.no_reuse:
         return None
+    from console.cli.output import EXIT_FAILED, EXIT_OK, failed, note
+    from console.link import reuse
+
+    command = one_shot(ns.command)
     target = config.target_of(ns)
     try:
         path = reuse.socket_path(target)

@@ -14,7 +14,6 @@ import contextlib
 import itertools
 import json
 import time
-import uuid
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any, cast
 
@@ -229,6 +228,8 @@ class AgentClient(AgentOps):
         (the run may have started), asked again with the same id once the link is back, LAUNCH_ASKS times at
         most. An agent that does not answer in time is not asked again: a new one would find the launch still
         under way."""
+        import uuid  # a launch's alone: ~2.5 ms of every other command's start
+
         args = {**args, "launch_id": uuid.uuid4().hex}
         asked = 0
         while True:
