@@ -15,21 +15,16 @@ import os
 import socket
 import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import backends
-from backends import protocol, serving, shipped
-from backends.bench import cli as bench
-from backends.bench.stream import BenchError
+from backends import protocol
 from backends.bounded import bounded_info, within_budget
-from backends.doctor.convert import ConvertError, convert
-from backends.doctor.full import full_diagnosis
 from backends.fileio import read_jsonl
 from backends.host import procinfo
-from backends.host.freegpus import FreePlan, free_gpus
 from backends.host.gpus import GpuSampler, infer_by_visible_devices
 from backends.masking import mask_argv
 from backends.protocol import (
@@ -62,8 +57,7 @@ from backends.protocol import (
     UnsubscribeResult,
 )
 from backends.runs import control as runctl
-from backends.runs import job, once, preflight
-from backends.runs.holders import RunHolders
+from backends.runs import job, once
 from backends.runs.store import (
     DEFAULT_WORKDIR,
     EVENTS,
@@ -76,7 +70,11 @@ from backends.runs.store import (
     StoreError,
     record_lost,
 )
-from backends.runs.visible_devices import visible_devices
+
+# What an op alone needs (serving SGLang, doctor, bench, convert, free-gpus) is imported by that op's first request:
+# the agent that every command starts answers `status` without them (~180 ms of imports before, issue 28).
+if TYPE_CHECKING:
+    from backends.host.freegpus import FreePlan
 
 STREAM_FILES = {"log": OUTPUT, "metrics": METRICS, "events": EVENTS}
 # Poll fast while data flows, back off when idle (idle CPU vs. streaming lag).
@@ -84,6 +82,14 @@ POLL_MIN_S = 0.02
 POLL_MAX_S = 0.2
 # A quiet run's state (process liveness) is re-derived at most this often.
 STATE_CHECK_S = 1.0
+
+
+def unchanged_before_import(*modules: str) -> None:
+    """Before an op's first request imports what only it needs, long after the launcher verified this agent's
+    copy: the copy checked unchanged (OpError `agent_altered` otherwise), as before a supervisor imports it anew
+    (`backends.runs.control.unchanged_agent`). Nothing to check once they are imported."""
+    if not all(module in sys.modules for module in modules):
+        runctl.unchanged_agent()
 
 
 def read_bytes(path: str | Path, offset: int, max_bytes: int) -> bytes:
@@ -200,10 +206,16 @@ class Agent:
         without this: it acts only on processes proven ours."""
         self._owners = runctl.owner_lookup(self.store)
         gpus = self.sampler.sample()
-        infer_by_visible_devices(
-            gpus, self._owners.values(), lambda runs: visible_devices(self.store, runs), self.sampler.uuids
-        )
+        infer_by_visible_devices(gpus, self._owners.values(), self._visible_devices, self.sampler.uuids)
         return gpus
+
+    def _visible_devices(self, runs: Iterable[str]) -> dict[str, str]:
+        """Asked only for a live run that NVML lists no process of: it reads the run's environment as its
+        supervisor made it (`backends.runs.supervise`, which imports the run's watch)."""
+        unchanged_before_import("backends.runs.visible_devices")
+        from backends.runs.visible_devices import visible_devices
+
+        return visible_devices(self.store, runs)
 
     async def serve(self, reader: asyncio.StreamReader) -> None:
         while True:
@@ -377,6 +389,7 @@ class Agent:
                 rendezvous=rendezvous,
                 launch_id=launch_id,
             )
+            unchanged_before_import("backends.runs.preflight")  # the gate's
             checked = await asyncio.to_thread(runctl.gate, spec, force)
             return await asyncio.to_thread(runctl.launch, self.store, spec, checked)
 
@@ -421,6 +434,9 @@ class Agent:
         sglang_python: str | None,
         cwd: str | None,
     ) -> DoctorResult:
+        unchanged_before_import("backends.doctor.full")
+        from backends.doctor.full import full_diagnosis
+
         if sglang_python is not None and os.sep in sglang_python:  # a bare name is looked up on PATH
             sglang_python = str(self._path(sglang_python, cwd))
         return await asyncio.to_thread(
@@ -451,6 +467,9 @@ class Agent:
         launch_id: str | None,
     ) -> protocol.BenchLaunchResult:
         """A run that benches a serve run (or a URL): its result goes beside the serve run (or into its own folder)."""
+        unchanged_before_import("backends.bench.cli")
+        from backends.bench import cli as bench
+        from backends.bench.stream import BenchError
 
         async def start() -> dict[str, Any]:
             try:
@@ -486,6 +505,9 @@ class Agent:
 
     async def op_relaunch_presets(self, run: str) -> RelaunchPresetsResult:
         """The relaunch presets spelled for the release that serves the run (its flags' verdict is usually cached)."""
+        unchanged_before_import("backends.serving")
+        from backends import serving
+
         spec = self.store.get(run).trusted_spec()
         if spec.kind in ("train", "extract"):  # a serving engine's flags mean nothing to our stages
             return {"version": None, "presets": []}
@@ -493,6 +515,9 @@ class Agent:
         return await asyncio.to_thread(engine.relaunch_presets, found, spec.env, spec.cwd)
 
     async def op_preflight(self, kind: str, argv: list[Any], cwd: str | None, env: dict[str, Any]) -> PreflightResult:
+        unchanged_before_import("backends.runs.preflight")
+        from backends.runs import preflight
+
         if not all(isinstance(a, str) for a in argv):
             raise runctl.OpError("bad_args", "argv must be a list of strings")
         if not all(isinstance(v, str) for v in env.values()):
@@ -500,12 +525,16 @@ class Agent:
         return await asyncio.to_thread(preflight.check_launch, kind, argv, cwd or self.cwd, env)
 
     async def op_convert(self, src: str, dst: str, to: str, cwd: str | None) -> DoctorResult:
+        unchanged_before_import("backends.doctor.convert")
+        from backends.doctor.convert import ConvertError, convert
+
         try:
             return await asyncio.to_thread(convert, self._path(src, cwd), self._path(dst, cwd), to)
         except ConvertError as exc:
             raise runctl.OpError("convert_refused", f"convert refused: {exc}") from None
 
     async def op_stacks(self, run: str, now: bool) -> StacksResult:
+        unchanged_before_import("backends.runs.watch")  # runctl.stacks's
         return await asyncio.to_thread(runctl.stacks, self.store.get(run), now)
 
     async def op_kill(self, run: str, signal: str, grace: float) -> KillResult:
@@ -533,6 +562,10 @@ class Agent:
         return await (start() if dry_run else self._once(launch_id, start, copied))
 
     async def op_free_gpus(self, gpus: list[int] | None, dry_run: bool, timeout: float, grace: float) -> FreeGpusResult:
+        unchanged_before_import("backends.host.freegpus", "backends.runs.holders")
+        from backends.host.freegpus import free_gpus
+        from backends.runs.holders import RunHolders
+
         self._owners = runctl.owner_lookup(self.store)
 
         def free() -> FreeGpusResult:
@@ -728,6 +761,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         if args.manifest_fd is not None:
+            from backends import shipped
+
             shipped.adopt(args.manifest_fd)
     except (OSError, ValueError, KeyError, TypeError) as exc:
         print(f"agent: cannot read what the launcher verified: {exc}", file=sys.stderr)

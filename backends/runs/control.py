@@ -19,7 +19,7 @@ from collections.abc import Collection, Iterator
 from pathlib import Path
 from typing import Any
 
-from backends import PACKAGE_ROOT, serving, shipped
+from backends import PACKAGE_ROOT, shipped
 from backends.argv_edit import ArgvEditError, edit_argv
 from backends.host import diskspace, procinfo
 from backends.masking import mask_argv, mask_env
@@ -33,7 +33,7 @@ from backends.protocol import (
     PreflightResult,
     StacksResult,
 )
-from backends.runs import preflight, stages, watch
+from backends.runs import stages
 from backends.runs.job import node_of, torchrun_args
 from backends.runs.store import OUTPUT, STACKS, RunDir, RunSpec, RunStore, StoreError
 
@@ -57,6 +57,9 @@ class OpError(Exception):
 def gate(spec: RunSpec, force: bool) -> PreflightResult:
     """The pre-launch checks: one of our stages with an interpreter that cannot run it, a serve command's flag
     SGLang refuses, or doctor's errors in its draft refuse the launch unless forced."""
+    # Imported by the first launch: SGLang's facts and doctor are no part of an agent that only looks.
+    from backends.runs import preflight
+
     unfit = stages.python_problem(spec.argv, spec.env, spec.cwd)
     if unfit is not None and not force:
         raise OpError("python_unfit", unfit)
@@ -290,7 +293,9 @@ def relaunch(
     `dry_run` stops after the gate: the copy's command line, whether the parent has processes to stop, and
     what the checks found; nothing stopped.
     """
-    unchanged_agent()  # before the parent is stopped for a copy that could not start
+    unchanged_agent()  # before the parent is stopped for a copy that could not start, and before serving is imported
+    from backends import serving  # imported by the first relaunch, as the gate's checks are
+
     parent = store.get(ref)
     spec = parent.trusted_spec()
     if not all(isinstance(x, str) for x in [*sets, *unsets]):
@@ -408,6 +413,8 @@ def checked_spec(
 
 def stacks(run: RunDir, now: bool) -> StacksResult:
     """The run's latest stack dump; with `now` (or when it has none yet), a fresh one of its live processes."""
+    from backends.runs import watch  # the supervisor's watch (SGLang's log facts with it): imported when asked
+
     folder = run.file(STACKS)
     dumps = sorted(folder.glob("*.txt")) if folder.is_dir() else []
     if now or not dumps:

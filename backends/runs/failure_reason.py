@@ -19,11 +19,13 @@ import re
 import unicodedata
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from backends import serving
 from backends.masking import mask_text, mask_values
 from backends.protocol import Diagnosis
+
+if TYPE_CHECKING:
+    from backends import serving
 
 TAIL_BYTES = 64 * 1024
 MAX_CHARS = 300
@@ -92,6 +94,9 @@ def reason(output: Path, reader: serving.OutputReader | None, argv: list[str], e
     are masked."""
     tail, cut = read_tail(output)
     if reader is None:
+        # Here alone: the run store reads failure_line on every status, with no SGLang to import for it.
+        from backends import serving
+
         reader = serving.DEFAULT.output_reader()
         reader.feed(tail + b"\n")
     return one_line(pick(reader.cause(), reader.last_exception(), output_lines(tail, cut)), argv, env)
