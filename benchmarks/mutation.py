@@ -105,6 +105,7 @@ SURVIVED = {0}
 NO_TESTS = {5, 33}
 TIMEOUT = {36, -24, 24, 152, 255}
 LEFT = SURVIVED | NO_TESTS
+KILL_TESTS = True  # --without-kill-tests: the score before they were written
 
 
 def mutmut_config(target: Target, root: Path) -> str:
@@ -135,8 +136,9 @@ def prepare(work: Path, target: Target) -> None:
         check=True,
     ).stdout
     subprocess.run(["tar", "-x", "-C", str(work)], input=archive, check=True)
-    for kills in (REPO / "tests").glob("test_mutation_kills_*.py"):
-        shutil.copy2(kills, work / "tests" / kills.name)
+    if KILL_TESTS:
+        for kills in (REPO / "tests").glob("test_mutation_kills_*.py"):
+            shutil.copy2(kills, work / "tests" / kills.name)
     # there before any interpreter starts: one that found it missing on its PYTHONPATH would never look again
     (work / "mutants").mkdir()
     with (work / "pyproject.toml").open("a") as pyproject:
@@ -292,12 +294,18 @@ def main() -> None:
         help="run one mutant in N, picked by a hash of its name (the same ones every run); default: every one",
     )
     parser.add_argument(
+        "--without-kill-tests", action="store_true", help="leave tests/test_mutation_kills_*.py out: the score before"
+    )
+    parser.add_argument("--table", action="store_true", help="print the last run's table (with --again: its again)")
+    parser.add_argument(
         "--again",
         action="store_true",
         help="run the last run's survivors again, with the kill tests written since (results-again.json)",
     )
     args = parser.parse_args()
     modules = args.modules or list(TARGETS)
+    global KILL_TESTS
+    KILL_TESTS = not args.without_kill_tests
     if unknown := [m for m in modules if m not in TARGETS]:
         parser.error(f"no module {', '.join(unknown)}: choose of {', '.join(TARGETS)}")
     root: Path = args.workdir.resolve()
@@ -305,13 +313,14 @@ def main() -> None:
     table_file = root / ("results-again.json" if args.again else "results.json")
     table = json.loads(table_file.read_text()) if table_file.exists() else {}
     started = time.monotonic()
-    for name in modules:
+    for name in [] if args.table else modules:
         for each in run_module(name, root, args.max_children, args.again, args.sample):
             table[each["module"]] = each
         table_file.write_text(json.dumps(table, indent=1))
-    print(f"\nmutation run of {', '.join(modules)}: {time.monotonic() - started:.0f} s wall\n")
+    if not args.table:
+        print(f"\nmutation run of {', '.join(modules)}: {time.monotonic() - started:.0f} s wall\n")
     keys = ("module", "generated", "mutants", "killed", "survived", "no_tests", "timeout", "other", "score", "seconds")
-    print_table([[str(r[k]) for k in keys] for r in table.values()], HEADERS)
+    print_table([[str(r.get(k, r["mutants"])) for k in keys] for r in table.values()], HEADERS)
 
 
 if __name__ == "__main__":
