@@ -324,7 +324,9 @@ def test_run_processes_of_a_session_are_proven_while_its_leaders_pid_is_held(spa
     leader = spawn([sys.executable, "-c", RENAMED_MEMBER], stdout=subprocess.PIPE, start_new_session=True, env=env)
     assert leader.stdout is not None
     member = int(leader.stdout.readline())
-    child = identity(leader.pid)
+    # The leader exits once it has printed: as a supervisor records its child, a zombie's identity counts.
+    child = procinfo.identify(leader.pid, include_zombie=True)
+    assert child is not None
     try:
         assert not procinfo.carries_marker(member, MARKER)
         # The leader has exited and is not reaped: a zombie holds its pid, and the session's number with it.

@@ -62,6 +62,7 @@ def start_run(out: Path) -> dict[str, Any]:
     return result
 
 
+@pytest.mark.timeout(500)  # two starts of up to 240 s each (a loaded machine's compile), not the suite's 120 s
 def test_one_graph_trains_every_length_as_eager_does_and_a_relaunch_reuses_its_cache(tmp_path: Path) -> None:
     out = tmp_path / "run"
     first = start_run(out)

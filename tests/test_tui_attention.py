@@ -252,12 +252,15 @@ async def test_a_training_not_selected_shows_its_step_and_eta_too(workdir: Path,
 async def test_a_training_that_ended_short_of_its_steps_shows_where_it_stopped_and_no_eta(
     workdir: Path, nvml_state: Path
 ) -> None:
+    # It ends once the test has seen it alive (a loaded machine may take seconds to open the console).
+    seen_alive = workdir.parent / "seen-alive"
     trainer = (
         "import json, os, time\n"
         "with open(os.environ['EAGLE3_METRICS_FILE'], 'a') as m:\n"
         "    for step in range(1, 101):\n"
         "        m.write(json.dumps({'step': step, 'loss': 1 / step}) + '\\n'); m.flush(); time.sleep(0.03)\n"
-        "time.sleep(4)\n"
+        f"while not os.path.exists({str(seen_alive)!r}):\n"
+        "    time.sleep(0.1)\n"
         "raise SystemExit(3)\n"
     )
     short = await launch(workdir, [sys.executable, "-c", trainer, "--steps", "3000"], kind="train", name="short")
@@ -268,6 +271,7 @@ async def test_a_training_that_ended_short_of_its_steps_shows_where_it_stopped_a
             return str(table.get_cell(short, "PHASE")) if short in app.runs else ""
 
         await until(pilot, lambda: "/3000 · ETA" in phase(), what="its ETA while alive")
+        seen_alive.touch()
         await until(pilot, lambda: app.runs[short]["state"] == "failed", what="its end", timeout=30)
         await until(pilot, lambda: "ETA" not in phase(), what="no ETA once it ended")
         assert "step 100/3000" in phase()
