@@ -14,12 +14,53 @@ from __future__ import annotations
 import json
 import os
 import sys
+from collections.abc import Callable, Iterable
+from typing import Any
 
 HITS_ENV = "MUTATION_CHILD_HITS"
 
 
 def _test_of_this_process() -> str:
     return os.environ.get("PYTEST_CURRENT_TEST", "").rsplit(" (", 1)[0]
+
+
+def _main_module() -> str | None:
+    """The module this process runs as __main__ (`python -m NAME`), as it is named when imported."""
+    argv = sys.orig_argv
+    if "-m" not in argv[1:-1]:
+        return None
+    name = argv[argv.index("-m", 1) + 1]
+    if not name.startswith(("backends.", "console")):
+        return None
+    from importlib.util import find_spec
+
+    spec = find_spec(name)
+    return f"{name}.__main__" if spec is not None and spec.submodule_search_locations is not None else name
+
+
+def _mutants_of_main_by_name() -> None:
+    """mutmut tells a mutant by the module its function was defined in, and a module run with `python -m` defines
+    its functions in __main__ (`python -m backends.runs.supervise`, the supervisor of every run): they would never
+    run a mutant, nor be counted. They are given their module's own name before mutmut wraps them (and their hits
+    are recorded under it)."""
+    name = _main_module()
+    if name is None:
+        return
+    import mutmut.mutation.trampoline as trampoline
+
+    wrap = trampoline.wrap_in_trampoline
+
+    def wrap_named(mutants: dict[str, Any], is_classmethod: bool = False) -> Callable[[Any], Any]:
+        inner = wrap(mutants, is_classmethod)
+
+        def decorate(func: Any) -> Any:
+            if func.__module__ == "__main__":  # what the trampoline tells the mutant under test by
+                func.__module__ = name
+            return inner(func)
+
+        return decorate
+
+    setattr(trampoline, "wrap_in_trampoline", wrap_named)  # noqa: B010 (imported by name, not exported)
 
 
 def _record_hits_of_a_child() -> None:
@@ -29,8 +70,11 @@ def _record_hits_of_a_child() -> None:
     import mutmut.mutation.trampoline as trampoline
 
     seen: set[str] = set()
+    main = _main_module()
 
     def record(name: str, caller: str | None = None) -> None:
+        if main is not None and name.startswith("__main__."):  # as _mutants_of_main_by_name
+            name = main + name[len("__main__") :]
         if name in seen:
             return
         seen.add(name)
@@ -75,6 +119,14 @@ def main() -> None:
 
     for module in (mutmut_main, harness, stats):
         setattr(module, "save_stats", save_with_child_hits)  # noqa: B010 (each imported it by name, unexported)
+    run_stats = harness.PytestRunner.run_stats
+
+    def run_stats_with_child_hits(self: harness.PytestRunner, *, tests: Iterable[str]) -> int:
+        code = run_stats(self, tests=tests)
+        _add_child_hits()  # before mutmut looks whether any test reached a mutant
+        return code
+
+    setattr(harness.PytestRunner, "run_stats", run_stats_with_child_hits)  # noqa: B010
     if sys.argv[1:] == ["generate"]:  # the mutants alone, no test run: --sample picks among them
         from mutmut.__main__ import create_mutants
         from mutmut.mutation.trampoline import set_mutant_under_test
@@ -101,4 +153,6 @@ def main() -> None:
     mutmut_main.cli()
 
 
+if os.environ.get("MUTANT_UNDER_TEST"):
+    _mutants_of_main_by_name()
 _record_hits_of_a_child()
