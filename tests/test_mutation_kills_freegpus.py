@@ -6,8 +6,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from backends.host.freegpus import carry_out, plan_free
+import pytest
+
+from backends.host.freegpus import GONE, carry_out, free_gpus, plan_free
 from backends.host.gpus import GpuSampler
+from backends.protocol import ProtocolError
 from tests.conftest import Spawn
 from tests.fake_nvml import gpu, write_state
 from tests.test_freegpus import STUBBORN, alive, holding, nodes, sampler, state
@@ -52,3 +55,38 @@ def test_a_gpu_gone_from_the_list_while_freeing_is_reported_without_an_after(
     gone = reports[1]
     assert (gone["mem_used_before_mib"], gone["mem_used_after_mib"], gone["freed_mib"]) == (2000, None, None)
     assert gone["still_held"] == []
+
+
+def test_the_grace_asked_for_is_the_one_kept(state: Path, sampler: GpuSampler, spawn: Spawn, nodes: Path) -> None:
+    """SIGKILL comes after the grace asked for, well inside the timeout; with the default grace (5 s, as long as
+    this timeout) it would never come, and the stubborn process would be reported surviving."""
+    stubborn = holding(spawn, nodes / "nvidia0", code=STUBBORN)
+    write_state(state, [gpu(processes=[(stubborn.pid, 8000)])], dev_dir=nodes)
+    result = free_gpus(sampler, None, dry_run=False, timeout=5.0, grace=0.2)
+    (report,) = result["gpus"]
+    assert [(p["pid"], p["action"]) for p in report["processes"]] == [(stubborn.pid, "killed")]
+
+
+def test_a_process_this_host_cannot_see_is_planned_as_gone(state: Path, sampler: GpuSampler) -> None:
+    """NVML lists the pid of a process of another pid namespace (a container's host): no process of ours has it."""
+    unseen = next(pid for pid in range(4_000_000, 4_100_000) if not Path(f"/proc/{pid}").exists())
+    write_state(state, [gpu(host_processes=[(unseen, 100)])])
+    (report,) = free_gpus(sampler, None, dry_run=True)["gpus"]
+    assert [(p["pid"], p["action"]) for p in report["processes"]] == [(unseen, f"skip: {GONE}")]
+
+
+def test_gpus_asked_for_that_are_not_there_are_refused_naming_those_seen(state: Path, sampler: GpuSampler) -> None:
+    write_state(state, [gpu(), gpu()])
+    with pytest.raises(ProtocolError) as missing:
+        free_gpus(sampler, [5, 7], dry_run=True)
+    assert missing.value.message == "free_gpus: no GPU 5, 7 here (GPUs seen: 0, 1; source nvml)"
+    write_state(state, [])
+    with pytest.raises(ProtocolError) as none:
+        free_gpus(sampler, [0], dry_run=True)
+    assert none.value.message == "free_gpus: no GPU 0 here (GPUs seen: none; source nvml)"
+    with pytest.raises(ProtocolError) as not_indices:
+        free_gpus(sampler, ["0"], dry_run=True)  # type: ignore[list-item]
+    assert (not_indices.value.code, not_indices.value.message) == (
+        "bad_args",
+        "free_gpus: 'gpus' must be a list of GPU indices",
+    )
