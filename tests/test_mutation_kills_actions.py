@@ -1,0 +1,65 @@
+"""What benchmarks/mutation.sh found no test of in the console's kill and relaunch path (console/actions.py and the
+job grouping it kills and relaunches a job by, console/fleet/jobs.py): what `status` says of a job over hosts
+(one unreachable, one whose nodes are all starting), which run is a node of a job, and which processes
+free-gpus reports surviving. Run records as the agents send them."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from backends.protocol import FreeGpusResult, RunInfo
+from console import actions
+from console.fleet import jobs
+
+
+def node(run_id: str, rank: int, state: str, host: str = "") -> RunInfo:
+    run: dict[str, Any] = {
+        "id": run_id,
+        "state": state,
+        "job": {"id": "sweep-7", "node_rank": rank, "nnodes": 2},
+    }
+    if host:
+        run["host"] = host
+    return run  # type: ignore[return-value]  # the fields a job reads
+
+
+def test_status_of_a_job_says_each_state_and_why_one_is_unknown() -> None:
+    gathered = jobs.gather([("a", [node("r-0", 0, "running")]), ("b", [node("r-1", 1, "starting")])])
+    assert jobs.jobs_text(gathered).splitlines() == [
+        "job sweep-7  running  2/2 nodes  node 1 (b) starting",
+        "  node 0  a  r-0  running",
+        "  node 1  b  r-1  starting",
+    ]
+    since = time.time()
+    down = jobs.jobs_text(gathered, {"b": since}).splitlines()[0]
+    assert down == f"job sweep-7  unknown (b unreachable since {jobs.hms(since)}; last seen: running)  2/2 nodes"
+
+
+def test_a_job_whose_every_node_is_starting_is_starting() -> None:
+    (job,) = jobs.gather([("a", [node("r-0", 0, "starting")]), ("b", [node("r-1", 1, "starting")])])
+    assert job.state() == ("starting", "node 0 (a) starting; node 1 (b) starting")
+
+
+def test_the_job_of_a_run_in_view_and_a_run_of_one_node() -> None:
+    runs = [node("r-0", 0, "running", "a"), node("r-1", 1, "running", "b")]
+    found = jobs.in_view(runs[1], runs)
+    assert found is not None and (found.id, [n.host for n in found.nodes]) == ("sweep-7", ["a", "b"])
+    single: RunInfo = {"id": "r-9", "state": "running"}  # type: ignore[typeddict-item]
+    assert jobs.in_view(single, runs) is None
+
+
+def test_free_gpus_reports_as_surviving_the_processes_that_survived_only() -> None:
+    done: FreeGpusResult = {  # type: ignore[typeddict-item]
+        "dry_run": False,
+        "gpus": [
+            {"processes": [{"pid": 1, "action": "killed"}, {"pid": 2, "action": "survived"}]},
+            {"processes": [{"pid": 3, "action": "skip: not yours"}, {"pid": 4, "action": "survived"}]},
+        ],
+    }
+    assert [p["pid"] for p in actions.survivors(done)] == [2, 4]
+    plan: FreeGpusResult = {  # type: ignore[typeddict-item]
+        "dry_run": True,
+        "gpus": [{"processes": [{"pid": 1, "action": "kill"}, {"pid": 3, "action": "skip: not yours"}]}],
+    }
+    assert [p["pid"] for p in actions.to_kill(plan)] == [1]
