@@ -277,3 +277,15 @@ def test_unproven_writers_are_our_younger_processes_writing_to_the_log(start: St
     # Without a child (never started), every process of ours writing there.
     assert {older.pid, *writers} <= set(procinfo.unproven_writers(log, [proven.pid], None))
     assert procinfo.unproven_writers(tmp_path / "missing.log", [], child_ident) == []
+
+
+def test_kill_says_why_it_leaves_a_process_alone_in_its_own_words(start: Start) -> None:
+    """The words `kill` and free-gpus print beside a process they did not signal."""
+    assert procinfo.refusal(identity(os.getpid())) == "protected (pid 1, the agent or the console)"
+    proc = ready(start(SLEEP, stdout=subprocess.PIPE))
+    stale = identity(proc.pid)
+    proc.kill()
+    proc.wait(timeout=10)
+    reason = "gone or pid reused (start time no longer matches)"
+    assert procinfo.refusal(stale) == reason
+    assert procinfo.signal_if_ours(stale, signal.SIGTERM) == reason
