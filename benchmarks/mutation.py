@@ -49,6 +49,12 @@ class Target:
     files: tuple[str, ...]
     tests: tuple[str, ...]
     deselect: tuple[str, ...] = ()
+    # Only these functions' mutants (as mutmut names them: x_NAME, xǁCLASSǁNAME), where a file holds more than
+    # the path measured; () for all.
+    functions: tuple[str, ...] = ()
+
+    def measures(self, mutant: str) -> bool:
+        return not self.functions or mutant.rpartition(".")[2].split("__mutmut_")[0] in self.functions
 
     def test_args(self, root: Path) -> list[str]:
         name = Path(self.files[0]).stem
@@ -91,7 +97,12 @@ TARGETS: dict[str, Target] = {
     # CLI's own processes.
     "actions": Target(
         ("console/actions.py", "console/fleet/jobs.py"),
-        (
+        functions=(
+            *("x_live", "x_kill", "x_job_runs", "x_kill_job", "x_preview", "x_relaunch", "x_relaunch_nodes"),
+            *("x_job_nodes", "x_settled", "x_free_gpus_plan", "x_to_kill", "x_free_gpus", "x_survivors"),
+            *("x_gather", "xǁJobǁmissing", "xǁNodeǁrank"),
+        ),
+        tests=(
             "tests/test_jobs.py",
             "tests/test_cli.py::test_kill_stops_the_whole_process_group",
             "tests/test_cli.py::test_kill_escalates_to_sigkill_after_grace",
@@ -196,7 +207,7 @@ def results_of(work: Path, target: Target) -> dict[str, dict[str, int | None]]:
     found = {}
     for file in target.files:
         meta = json.loads((work / "mutants" / f"{file}.meta").read_text())
-        found[file] = meta["exit_code_by_key"]
+        found[file] = {name: code for name, code in meta["exit_code_by_key"].items() if target.measures(name)}
     return found
 
 
@@ -259,7 +270,7 @@ def run_module(name: str, root: Path, max_children: int, rerun: bool, sample: in
     print(f"== {name}: {', '.join(target.files)} against {' '.join(target.test_args(work))}", flush=True)
     started = time.monotonic()
     log = work / "mutmut.log"
-    if sample > 1 and not rerun:
+    if (sample > 1 or target.functions) and not rerun:
         mutmut(work, ["generate"], env, log)
         names = [
             n for codes in results_of(work, target).values() for n in codes if zlib.crc32(n.encode()) % sample == 0
