@@ -1,0 +1,57 @@
+"""What benchmarks/mutation.sh found no test of in runs/supervise.py: what the supervisor records when it cannot
+start a run, what it says of a write it could not make, and how often it tells of processes that outlived the
+run's launcher. The real supervisor (`python -m backends.runs.supervise`, started as a launch starts it), real
+processes and files."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from backends.host import procinfo
+from backends.runs import control as runctl
+from backends.runs.store import EVENTS, RunDir, RunSpec, RunStore
+from tests.conftest import wait_for
+
+
+def supervised(workdir: Path, argv: list[str]) -> RunDir:
+    """A run made in the store and handed to its supervisor, as a launch does after its checks."""
+    run = RunStore(workdir).create(RunSpec(kind="command", argv=argv))
+    runctl.start_supervisor(run)
+    return run
+
+
+def supervisor_gone(run: RunDir) -> bool:
+    supervisor = run.supervisor()
+    return supervisor is not None and not procinfo.is_alive(supervisor)
+
+
+def test_a_run_that_cannot_start_says_why_in_its_exit_and_its_events(workdir: Path) -> None:
+    run = supervised(workdir, ["/nonexistent/trainer"])
+    ended = wait_for(run.exit, 30, "exit.json")
+    said = (
+        "cannot start '/nonexistent/trainer': No such file or directory (check the program name and PATH, or the --cwd)"
+    )
+    assert ended["error"] == said and ended["code"] is None
+    events = [{k: v for k, v in e.items() if k != "t"} for e in run.events()]
+    assert {"type": "spawn_failed", "errno": 2} in events
+    assert events[-2:] == [{"type": "failed", "error": said}, {"type": "state", "state": "failed"}]
+    assert run.state() == "failed"
+
+
+def test_a_record_the_supervisor_could_not_write_is_said_in_its_log(workdir: Path) -> None:
+    run = RunStore(workdir).create(RunSpec(kind="command", argv=["true"]))
+    run.file(EVENTS).unlink()
+    run.file(EVENTS).mkdir()  # every event it appends fails
+    runctl.start_supervisor(run)
+    wait_for(run.exit, 30, "exit.json")
+    wait_for(lambda: supervisor_gone(run), 30, "the supervisor to end")
+    log = run.file("supervisor.log").read_text()
+    assert f"supervise: [Errno 21] Is a directory: '{run.file(EVENTS)}'" in log.splitlines()
+
+
+def test_processes_left_in_the_runs_session_are_told_once(workdir: Path) -> None:
+    run = supervised(workdir, ["sh", "-c", "sleep 5 & exit 0"])
+    wait_for(run.exit, 30, "exit.json")
+    wait_for(lambda: supervisor_gone(run), 60, "the supervisor to end once the session is empty")
+    outlived = [e for e in run.events() if e["type"] == "outlived"]
+    assert len(outlived) == 1 and len(outlived[0]["pids"]) == 1
