@@ -63,19 +63,23 @@ def step_rows(in_loss: torch.Tensor) -> StepRows:
     # One row each: step 0's keys, every step's needed rows, every step's rows in the loss.
     masks = torch.cat([keys.view(1, size), needed, read])
     counted = masks.sum(1)
+    projected = 1 + steps  # keys and needed: the rows each step projects, and computes
+    # What needs no count is queued before the host waits for the counts: after the wait the device idles
+    # until the host has queued the rest and the step's first layer (4 ms of an 8 x 2048 step on an H200,
+    # profiled).
+    rank = masks[:projected].long().cumsum(1) - 1  # a row's place among its mask's rows
+    offsets = (counted[1:projected].cumsum(0) - counted[1:projected])[:, None]
+    output = torch.where(needed, rank[1:] + offsets, -1)
     counts = counted.tolist()
     found = torch.nonzero_static(masks.flatten(), size=sum(counts)).squeeze(1)
-    projected = 1 + steps  # keys and needed: the rows each step projects, and computes
     sizes = counts[:projected]
     computed = found[: sum(sizes)]
     mask, row = computed // size, computed % size
     step = (mask - 1).clamp_min(0)
     position = row % seq + step
     token = row // seq * (seq - 1 + steps) + position
-    rank = masks[:projected].long().cumsum(1) - 1  # a row's place among its mask's rows
     # rows[k] sit in the mask before theirs: keys for rows[0], rows[k-1] for rows[k].
     inside = rank.flatten()[computed[sizes[0] :] - size]
-    offsets = (counted[1:projected].cumsum(0) - counted[1:projected])[:, None]
     rows = list(torch.split(row, sizes))
     # The rows each step projects: step 0 its keys (mask 0), step k its rows[k] (mask 1+k); step 0's
     # needed rows (mask 1) are among its keys.
@@ -88,6 +92,6 @@ def step_rows(in_loss: torch.Tensor) -> StepRows:
         inputs=list(torch.split(inside, sizes[1:])),
         positions=positions[:1] + positions[2:],
         tokens=tokens[:1] + tokens[2:],
-        output=torch.where(needed, rank[1:] + offsets, -1),
+        output=output,
         read=found[sum(sizes) :] - projected * size,
     )

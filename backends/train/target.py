@@ -180,14 +180,16 @@ class Teacher:
 
     def draft_logits(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """(draft-vocabulary logits, their logsumexp, their argmax, in_vocab) of hidden states [R, H]."""
+        from backends.train import teacher_kernel  # Triton: only where a teacher runs, not for a config's reader
+
+        fused = teacher_kernel.available(hidden.device)
         rows, size = hidden.shape[0], len(self.draft_ids)
         logits = hidden.new_empty(rows, size, dtype=self.weight.dtype)
         lse = hidden.new_empty(rows, dtype=torch.float32)
         argmax = hidden.new_empty(rows, dtype=torch.int64)
-        in_vocab = hidden.new_ones(rows, dtype=torch.bool)
-        from backends.train import teacher_kernel  # Triton: only where a teacher runs, not for a config's reader
-
-        fused = teacher_kernel.available(hidden.device)
+        # The fused kernel writes every row's; filling it first cost a launch while the device waited for the
+        # host (this runs right after the step's first host sync).
+        in_vocab = hidden.new_empty(rows, dtype=torch.bool) if fused else hidden.new_ones(rows, dtype=torch.bool)
         for start in range(0, rows, TEACHER_CHUNK_ROWS):
             end = min(start + TEACHER_CHUNK_ROWS, rows)
             if fused:

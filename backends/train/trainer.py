@@ -228,7 +228,8 @@ class Trainer:
                 torch._dynamo.maybe_mark_dynamic(tensor, 1)  # the length: one graph for every length
         hidden = forward(model, batch.input_ids, batch.aux_hidden_states, loss.plan)
         # The draft's own lm_head: under FSDP the root keeps its parameters gathered from forward to backward.
-        return fused_ttt_loss(hidden, self.draft.lm_head.weight, teacher, loss, denominators)
+        # Training backpropagates each micro-batch's loss alone (train_step): its gradient is 1.
+        return fused_ttt_loss(hidden, self.draft.lm_head.weight, teacher, loss, denominators, unit_grad=training)
 
     def train_step(self, *batches: Batch) -> torch.Tensor:
         """One optimizer step on the micro-batches `batches` (--grad-accum), the step one batch holding them
