@@ -84,6 +84,39 @@ between them and 16 outside them (the compiled step syncs with the host 3 times,
 and shows no such time). Any 7 ms of: the attention backward at FlashAttention-3's rate, that 16 ms,
 the q/k/v row scatters (10 ms) or the norms at their floor, would close it.
 
+Those 16 ms were not idle time: steps run back to back under the profiler (benchmarks.step_timeline)
+show the device idle 4.5 ms a step and busy 446.5 (a single step's profile, after a wait for the device,
+reads its kernels faster). Then (same date, three more H200s): the TTT kernel's diagonal steps before
+its causal loop (k=6 at 8 x 2048, one machine: backward 3.47 -> 2.86 ms, forward 1.03 -> 0.89), the
+loss's gradients left unscaled where training backpropagates it alone (1 ms), and the host's work that
+needs no count queued before each sync (idle 4.5 -> 3.7 ms a step):
+
+    shape             trainer          tok/s   GiB   x     GiB/SF
+    8 x 2048          ours, compiled   37,022  35.3  1.47  0.55
+    8 x 2048          ours, plain      34,197  37.9  1.36  0.59
+    8 x 2048          SpecForge flex   25,226  64.3
+    1 x 2048          ours, compiled   32,200  11.5  2.12  0.87
+    1 x 2048          ours, plain      28,581  11.9  1.88  0.90
+    1 x 2048          SpecForge flex   15,211  13.2
+    8 chats 128..2048 ours, compiled   34,006  23.0  2.38  0.36
+    8 chats 128..2048 ours, plain      31,263  24.3  2.19  0.38
+    8 chats 128..2048 SpecForge flex   14,290  64.3
+
+On one machine, 8 x 2048 compiled: 36,858 tokens/s before, 36,946 and 37,111 after, SpecForge 25,333
+(1.455x, then 1.46x): a gain within two runs' spread (those two with a dQ kernel that read q and dO again
+at each diagonal step, 0.1 ms a step slower alone and not kept). The 1.48x above came from a machine whose matrix
+products ran 2.5% faster (345.5 ms a step against 354.4 here); ours is 83% matrix products, SpecForge's
+step 60%, so such a machine favours us. One step's kernels after, ms (before in the table above):
+matrix products 354.4, attention bwd 20.6, fwd 6.8, gathers and scatters 10.7, norms 8.8, soft
+cross-entropy 8.6, SiLU 6.2, optimizer and clipping 5.0, copies 4.0, teacher's statistics 1.9, other
+1.6: 428.5, SpecForge 622.6. 1.5x needs a 433 ms step at SpecForge's 25,226 (ours 442.5): 9.5 ms. What
+bounds it, group by group: the matrix products at cuBLAS's ~735 TFLOP/s here (329 ms at 790; the
+lm_head's weight gradient, K = 107K rows, at 650: 43 ms, no layout or fp32 output of it faster);
+attention 27.4 ms against ~14 at FlashAttention-3's rates (the key-gradient kernel 1.5 ms at every k,
+the query gradients 1.1 + 0.14 a diagonal step, still spilling 640 B a thread at k=6); norms 8.8 for
+~3.5; the q/k/v scatters and gathers 10.7; the device idle 3.7 ms a step after the two host syncs (the
+teacher's row count, step_rows' counts) while the host queues the next kernels.
+
 Earlier (2026-12-02, flex attention, before the TTT kernel): 1.40x / 1.24x at 8 x 2048, 1.81x /
 1.49x at 1 x 2048; 2.46x / 2.13x on 8 chats of 512..2,048 with 256-token prompts.
 """
