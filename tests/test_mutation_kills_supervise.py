@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from backends.host import procinfo
 from backends.runs import control as runctl
 from backends.runs.store import EVENTS, RunDir, RunSpec, RunStore
@@ -55,3 +57,27 @@ def test_processes_left_in_the_runs_session_are_told_once(workdir: Path) -> None
     wait_for(lambda: supervisor_gone(run), 60, "the supervisor to end once the session is empty")
     outlived = [e for e in run.events() if e["type"] == "outlived"]
     assert len(outlived) == 1 and len(outlived[0]["pids"]) == 1
+
+
+def test_a_supervisor_handed_no_run_folder_says_so_to_the_launch(workdir: Path) -> None:
+    run = RunStore(workdir).create(RunSpec(kind="command", argv=["true"]))
+    run.file("spec.json").unlink()
+    with pytest.raises(runctl.OpError) as refused:
+        runctl.start_supervisor(run)
+    assert refused.value.message == (
+        f"the run supervisor did not start: supervise: {run.path} is not a run folder (no spec.json)"
+    )
+
+
+def test_what_stays_in_the_runs_session_after_its_launcher_exits_is_the_runs_and_killed(workdir: Path) -> None:
+    """The launcher exits at once; the process it left cleared its environment (no run marker) and has no parent
+    of the run: only the session the supervisor recorded proves it the run's."""
+    run = supervised(workdir, ["sh", "-c", "env -i sleep 60 & echo $!; exit 0"])
+    left = int(wait_for(lambda: run.file("output.log").read_text().strip(), 30, "the pid it left"))
+    wait_for(run.exit, 30, "the launcher's exit")
+    child = run.child()
+    assert child is not None and procinfo.read_stat(left) is not None
+    assert run.proc()["session"] == child.pid
+    assert left in run.processes()
+    killed = runctl.kill(run, "KILL", 0)
+    assert [(p["pid"], p["died"]) for p in killed["processes"]] == [(left, True)]
