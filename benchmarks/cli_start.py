@@ -2,7 +2,9 @@
 
     .venv/bin/python -m benchmarks.cli_start [--runs 20] [--python VENV/bin/python]
 
-Wall time of whole processes (median and p90 of --runs each, after one unmeasured run): `python -c pass`, importing
+Wall time of whole processes (median and p90 of --runs each, after one unmeasured run), and the median of their CPU
+time (user and system, the process's and its children's: on a loaded machine it moves less than the wall time):
+`python -c pass`, importing
 `console.__main__`, `--version`, `--help` (as `python -m console` and as the `eagle3-console` script a user runs),
 importing `backends.agent` (what every agent a command starts imports before it answers), and `local status` on an
 empty run store (the CLI and the agent it starts); and, in-process, the install-integrity check that `status`,
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -28,26 +31,33 @@ from pathlib import Path
 from benchmarks._common import percentile, print_table
 from console.cli import integrity
 
-HEADERS = ("what", "median ms", "p90 ms", "target ms", "ratio")
+HEADERS = ("what", "median ms", "p90 ms", "cpu ms", "target ms", "ratio")
 
 
-def timed(argv: list[str], runs: int, cwd: str | None = None, env: dict[str, str] | None = None) -> list[float]:
-    subprocess.run(argv, capture_output=True, check=True, cwd=cwd, env=env)  # the page cache warm, as for a user's
-    took = []
+def timed(
+    argv: list[str], runs: int, cwd: str | None = None, env: dict[str, str] | None = None
+) -> tuple[list[float], list[float] | None]:
+    """Each run's wall time and CPU time, in ms."""
+    # The page cache warm, as for a user's second command.
+    subprocess.run(argv, capture_output=True, check=True, cwd=cwd, env=env)
+    took, cpu = [], []
     for _ in range(runs):
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
         started = time.perf_counter()
         subprocess.run(argv, capture_output=True, check=True, cwd=cwd, env=env)
         took.append((time.perf_counter() - started) * 1000)
-    return took
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpu.append((after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime) * 1000)
+    return took, cpu
 
 
-def integrity_check_ms(runs: int) -> list[float]:
+def integrity_check_ms(runs: int) -> tuple[list[float], list[float] | None]:
     took = []
     for _ in range(runs):
         started = time.perf_counter()
         integrity.foreign_package()
         took.append((time.perf_counter() - started) * 1000)
-    return took
+    return took, None
 
 
 def main() -> None:
@@ -64,10 +74,10 @@ def main() -> None:
         store = str(Path(work) / "work")
         cwd = None if own else work
 
-        def run(*argv: str) -> list[float]:
+        def run(*argv: str) -> tuple[list[float], list[float] | None]:
             return timed(list(argv), runs, cwd, env)
 
-        cases: list[tuple[str, list[float], float | None]] = [
+        cases: list[tuple[str, tuple[list[float], list[float] | None], float | None]] = [
             ("python -c pass", run(python, "-c", "pass"), None),
             ("import console.__main__", run(python, "-c", "import console.__main__"), None),
             ("-m console --version", run(python, "-m", "console", "--version"), 40.0),
@@ -79,10 +89,12 @@ def main() -> None:
             ("integrity check (in-process)", integrity_check_ms(runs), 1.0),
         ]
     rows = []
-    for name, took, target in cases:
+    for name, (took, cpu), target in cases:
         median = statistics.median(took)
         ratio = f"{median / target:.2f}" if target else "-"
-        rows.append((name, f"{median:.1f}", f"{percentile(took, 90):.1f}", f"{target:.0f}" if target else "-", ratio))
+        cpu_ms = f"{statistics.median(cpu):.1f}" if cpu else "-"
+        target_ms = f"{target:.0f}" if target else "-"
+        rows.append((name, f"{median:.1f}", f"{percentile(took, 90):.1f}", cpu_ms, target_ms, ratio))
     print_table(rows, HEADERS)
 
 

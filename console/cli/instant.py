@@ -4,7 +4,8 @@ wants both within 40 ms, and the grammar with argparse, the settings and what th
 `--version` is the install-integrity check (`console.cli.integrity`) and one line. `--help` is argparse's own text
 for the whole grammar (`console.cli.grammar.build_parser`), made once and kept in the user's cache with the key of
 what it is made of: this Python (argparse's version), the source files its words come from (each one's path, size
-and mtime) and the width argparse wraps it to. A key that changed makes the text afresh with argparse, and keeps it.
+and mtime), the width argparse wraps it to and the language gettext would translate argparse's words to. A key
+that changed makes the text afresh with argparse, and keeps it.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from console.cli import integrity
 ALONE = (["--version"], ["--help"], ["-h"])
 HELP_SOURCES = ("grammar.py", "config.py")  # the modules that hold the words of the command line's --help
 FALLBACK_COLUMNS = 80  # shutil.get_terminal_size's fallback, which argparse takes
+LANGUAGE_ENV = ("LANGUAGE", "LC_ALL", "LC_MESSAGES", "LANG")  # what gettext reads for argparse's "usage:", "options:"
 
 
 def answer(words: list[str]) -> int | None:
@@ -74,7 +76,11 @@ def help_key() -> str | None:
     """What the help text is made of, in one line; None when a source file cannot be looked at (then it is made
     each time)."""
     here = os.path.dirname(os.path.abspath(__file__))
-    stamps = [f"{sys.hexversion:x}", f"columns={columns()}"]
+    stamps = [
+        f"{sys.hexversion:x}",
+        f"columns={columns()}",
+        *(f"{name}={os.environ.get(name, '')}" for name in LANGUAGE_ENV),
+    ]
     for name in HELP_SOURCES:
         path = os.path.join(here, name)
         try:

@@ -153,6 +153,8 @@ def answer(words: list[str]) -> int | None:
     no multiplexer serves its host (nothing was sent then, so the CLI may do it all its usual way)."""
     if "_ARGCOMPLETE" in os.environ or grammar.command_of(words) not in ONE_SHOT:
         return None  # the words' COMMAND, read before they are parsed: any other command parses them only once
+    if words[grammar.first_word(words) :][:1] == ["local"]:
+        return None  # HOST named `local`, which no multiplexer serves: parsed only once, by the CLI's way
     try:
         settings = config.load(grammar.config_flag(words))
         options, tail = grammar.split(grammar.with_host(words, settings.default_host, settings.path), grammar.GRAMMARS)
