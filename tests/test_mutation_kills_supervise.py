@@ -79,6 +79,6 @@ def test_what_stays_in_the_runs_session_after_its_launcher_exits_is_the_runs_and
     assert child is not None and procinfo.read_stat(left) is not None
     assert run.proc()["session"] == child.pid
     assert left in run.processes()
-    killed = runctl.kill(run, "KILL", 0)
+    killed = runctl.kill(run, "TERM", 30)
     assert left in {p["pid"] for p in killed["processes"] if p["died"]}, killed
     assert not run.processes()
