@@ -5,12 +5,15 @@ free-gpus reports surviving. Run records as the agents send them."""
 
 from __future__ import annotations
 
+import sys
 import time
 from typing import Any
 
 from backends.protocol import FreeGpusResult, RunInfo
 from console import actions
 from console.fleet import jobs
+from console.link.client import AgentClient
+from console.link.transport import AgentError
 
 
 def node(run_id: str, rank: int, state: str, host: str = "") -> RunInfo:
@@ -63,3 +66,16 @@ def test_free_gpus_reports_as_surviving_the_processes_that_survived_only() -> No
         "gpus": [{"processes": [{"pid": 1, "action": "kill"}, {"pid": 3, "action": "skip: not yours"}]}],
     }
     assert [p["pid"] for p in actions.to_kill(plan)] == [1]
+
+
+async def test_kill_of_several_runs_answers_for_each_in_order(client: AgentClient) -> None:
+    """What the console's `k` on several runs gets back: each run's outcome, an error where there was no run."""
+    launched = await client.launch("command", [sys.executable, "-c", "import time; time.sleep(60)"])
+    run_id = launched["run"]
+    assert actions.live((await client.list_runs())["runs"][0])
+    first, second = await actions.kill(client, [run_id, "20000101-000000-000-0000"], signal="KILL", grace=10)
+    assert not isinstance(first, Exception) and first["run"] == run_id
+    assert [(p["signals"], p["died"]) for p in first["processes"]] == [(["KILL"], True)]
+    assert isinstance(second, AgentError)
+    (run,) = (await client.list_runs())["runs"]
+    assert run["state"] == "killed" and not actions.live(run)
