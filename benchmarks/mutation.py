@@ -1,6 +1,8 @@
 """A mutation score for the modules that keep a run's fate and send signals (issue 27), with mutmut 3.
 
-    bash benchmarks/mutation.sh [MODULE ...] [--workdir DIR] [--max-children 2]
+    bash benchmarks/mutation.sh [MODULE ...] [--sample N] [--without-kill-tests] [--workdir DIR] [--max-children 2]
+    bash benchmarks/mutation.sh [MODULE ...] --again     # the last run's survivors, against the kill tests since
+    bash benchmarks/mutation.sh --table [--again]        # the last table
 
 Run by hand, never in CI: on 2 cores a full run takes long (the sh wrapper runs it under `nice -n 19` and
 `ionice -c3`). Each module is mutated on its own, in a copy of the committed tree (HEAD, plus any
@@ -13,6 +15,13 @@ mutated copy too (its folder is first on their PYTHONPATH and they inherit MUTAN
 `mutation_site/sitecustomize.py` tells mutmut which test reached a function only in such a child, so that a mutant
 there is run against that test rather than called "no tests". A test that starts a child with an environment of
 its own (not the inherited one) runs the real code in that child.
+
+`--sample N` runs one mutant in N, the same ones every run (a hash of the name): on a loaded 2-core machine a
+whole run of the slow modules (store: 1005 mutants, control: 746) takes hours. The console's kill/relaunch path is
+its functions in console/actions.py (kill, kill_job, relaunch, relaunch_nodes, job_nodes, free_gpus ...) and the
+job gathering they use in console/fleet/jobs.py, not the launch code beside them. `--without-kill-tests` leaves
+tests/test_mutation_kills_*.py out, for the score before them; `--again` runs the survivors of the last run again
+with them (killed mutants stay killed: adding tests cannot revive one).
 
 Prints a table per module: mutants, killed, survived (no test failed), no tests (no test reached it), timeout,
 other (mutmut's suspicious or segfault) and score = (killed + timeout) / mutants. Each module's survivors, with
