@@ -7,13 +7,20 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
+
+import pytest
 
 from backends.protocol import FreeGpusResult, RunInfo
 from console import actions
 from console.fleet import jobs
+from console.fleet.hosts import Fleet
 from console.link.client import AgentClient
+from console.link.local import LocalTransport
 from console.link.transport import AgentError
+from tests.conftest import kill_runs_of
 
 
 def node(run_id: str, rank: int, state: str, host: str = "") -> RunInfo:
@@ -79,3 +86,40 @@ async def test_kill_of_several_runs_answers_for_each_in_order(client: AgentClien
     assert isinstance(second, AgentError)
     (run,) = (await client.list_runs())["runs"]
     assert run["state"] == "killed" and not actions.live(run)
+
+
+SLEEP_ARGV = [sys.executable, "-c", "import time; time.sleep(60)"]
+
+
+@pytest.fixture
+async def other_host(tmp_path: Path, nvml_state: Path) -> AsyncIterator[AgentClient]:
+    """A second host: an agent of its own over its own run store (killed at teardown, as a workdir's)."""
+    workdir = tmp_path / "other-host"
+    agent = AgentClient(LocalTransport(workdir))
+    await agent.start()
+    try:
+        yield agent
+    finally:
+        await agent.close()
+        kill_runs_of(workdir)
+
+
+async def test_a_job_over_two_hosts_is_gathered_killed_whole_and_refused_when_a_node_is_missing(
+    client: AgentClient, other_host: AgentClient
+) -> None:
+    for rank, host in enumerate((client, other_host)):
+        await host.launch("command", SLEEP_ARGV, job="sweep-7", node_rank=rank, nnodes=2)
+    fleet = Fleet.of({"a": client, "b": other_host})
+    nodes = await actions.job_nodes(fleet, "sweep-7")
+    assert [(member.name, run["job"]["node_rank"]) for member, run in nodes] == [("a", 0), ("b", 1)]
+    with pytest.raises(actions.Refused, match=r"^no job nope on a, b: `status` lists the jobs$"):
+        await actions.job_nodes(fleet, "nope")
+    killed = await actions.kill_job(fleet, "sweep-7", signal="KILL", grace=10)
+    assert [[(k["run"], [p["died"] for p in k["processes"]]) for k in each or []] for each in killed] == [
+        [(nodes[0][1]["id"], [True])],
+        [(nodes[1][1]["id"], [True])],
+    ]
+    assert not [run for run in await actions.job_runs(client, "sweep-7") if actions.live(run)]
+    # Only node 0 is on the hosts given: a relaunch of part of a job is refused.
+    with pytest.raises(actions.Refused, match=r"^job sweep-7 has no run of node 1 on these hosts"):
+        await actions.job_nodes(Fleet.of({"a": client}, named=True), "sweep-7")
