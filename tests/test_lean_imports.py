@@ -85,7 +85,7 @@ def test_a_grammar_changed_since_the_help_was_kept_shows_its_new_help(tmp_path: 
 def test_a_kept_help_whose_key_is_not_this_ones_is_not_shown(monkeypatch: pytest.MonkeyPatch) -> None:
     env = {**os.environ, "COLUMNS": "100"}
     console("--help", env=env)
-    kept = Path(os.environ["XDG_CACHE_HOME"]) / "eagle3-console" / "help.txt"
+    [kept] = (Path(os.environ["XDG_CACHE_HOME"]) / "eagle3-console").glob("help-*.txt")
     key, _, _ = kept.read_text().partition("\n")
     kept.write_text(f"{key.replace('columns=100', 'columns=99')}\nnot the help\n")
     shown = console("--help", env=env)

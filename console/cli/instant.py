@@ -5,16 +5,17 @@ wants both within 40 ms, and the grammar with argparse, the settings and what th
 for the whole grammar (`console.cli.grammar.build_parser`), made once and kept in the user's cache with the key of
 what it is made of: this Python (argparse's version), the source files its words come from (each one's path, size
 and mtime), the width argparse wraps it to and the language gettext would translate argparse's words to. A key
-that changed makes the text afresh with argparse, and keeps it.
+that changed makes the text afresh with argparse, and keeps it. Each install keeps its own (a file named for the
+folder it runs from), so that an editable install and a wheel's beside it do not make each other's afresh.
 """
 
 from __future__ import annotations
 
+import binascii
 import os
 import sys
 
-from console.cli import integrity
-
+HERE = os.path.dirname(os.path.abspath(__file__))
 ALONE = (["--version"], ["--help"], ["-h"])
 HELP_SOURCES = ("grammar.py", "config.py")  # the modules that hold the words of the command line's --help
 FALLBACK_COLUMNS = 80  # shutil.get_terminal_size's fallback, which argparse takes
@@ -27,6 +28,8 @@ def answer(words: list[str]) -> int | None:
     if words not in ALONE or "_ARGCOMPLETE" in os.environ:
         return None
     if words == ["--version"]:
+        from console.cli import integrity  # hashlib with it: --version's alone
+
         integrity.warn()
         print(f"eagle3-console {version()}")
         return 0
@@ -42,6 +45,8 @@ def version() -> str:
     """`backends.__version__`. A wheel's .dist-info folder is named with it (pyproject takes the version from
     there), so an install of the wheel reads it from that name and spares `import backends` (pathlib, ~5 ms); a
     source tree or an editable install, whose folder may be older than the tree, imports it."""
+    from console.cli import integrity
+
     install = integrity.wheel_install()
     if install is None:
         import backends
@@ -54,7 +59,7 @@ def version() -> str:
 def help_text() -> str:
     """argparse's --help for the whole command line: the kept text when its key is this one, else made now."""
     key = help_key()
-    path = os.path.join(cache_folder(), "help.txt")
+    path = os.path.join(cache_folder(), f"help-{binascii.crc32(HERE.encode()):08x}.txt")
     if key is not None:
         try:
             with open(path, encoding="utf-8") as file:
@@ -75,14 +80,13 @@ def help_text() -> str:
 def help_key() -> str | None:
     """What the help text is made of, in one line; None when a source file cannot be looked at (then it is made
     each time)."""
-    here = os.path.dirname(os.path.abspath(__file__))
     stamps = [
         f"{sys.hexversion:x}",
         f"columns={columns()}",
         *(f"{name}={os.environ.get(name, '')}" for name in LANGUAGE_ENV),
     ]
     for name in HELP_SOURCES:
-        path = os.path.join(here, name)
+        path = os.path.join(HERE, name)
         try:
             st = os.stat(path)
         except OSError:
