@@ -82,3 +82,12 @@ def test_what_stays_in_the_runs_session_after_its_launcher_exits_is_the_runs_and
     killed = runctl.kill(run, "TERM", 30)
     assert left in {p["pid"] for p in killed["processes"] if p["died"]}, killed
     assert not run.processes()
+
+
+def test_an_ended_runs_watch_says_its_final_state(workdir: Path) -> None:
+    """The watch (watch.json: state, phase, health) is what the console shows beside a run: once the run has
+    ended it agrees with the run's end, not with the last state it watched."""
+    run = supervised(workdir, ["sh", "-c", "exit 3"])
+    wait_for(run.exit, 30, "exit.json")
+    wait_for(lambda: supervisor_gone(run), 30, "the supervisor to end")
+    assert run.watch().get("state") == "failed" == run.state()
