@@ -7,6 +7,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import pytest
+
 from backends.host import procinfo
 from backends.runs import control as runctl
 from backends.runs.store import RunDir, RunSpec, RunStore
@@ -37,3 +39,17 @@ def test_gpu_processes_are_attributed_to_the_live_runs_only(workdir: Path) -> No
     live = launched(store, SLEEP)
     child = wait_for(live.child, 20, "the live run's child")
     assert runctl.owner_lookup(store) == {child.pid: live.id}
+
+
+def test_kill_records_its_signal_as_kills_and_an_ended_run_is_refused_as_not_running(workdir: Path) -> None:
+    store = RunStore(workdir)
+    run = launched(store, SLEEP)
+    wait_for(run.child, 20, "the child")
+    runctl.kill(run, "TERM", 10)
+    signals = [e for e in run.events() if e["type"] == "signal"]
+    assert [(e["signal"], e["by"]) for e in signals] == [("TERM", "kill")]
+    wait_for(run.exit, 20, "exit.json")
+    with pytest.raises(runctl.OpError) as refused:
+        runctl.kill(run, "TERM", 10)
+    assert refused.value.code == "not_running"
+    assert refused.value.message == f"run {run.id} has no live process (state killed); nothing to kill"
