@@ -117,6 +117,20 @@ the query gradients 1.1 + 0.14 a diagonal step, still spilling 640 B a thread at
 ~3.5; the q/k/v scatters and gathers 10.7; the device idle 3.7 ms a step after the two host syncs (the
 teacher's row count, step_rows' counts) while the host queues the next kernels.
 
+Then (same date, two more H200s) the norms as Triton kernels (backends/train/rmsnorm.py: the post-attention
+norm with its residual add, each backward with its weight's gradient). On one machine, 8 x 2048: compiled
+36,452 tokens/s before, 36,565 after, SpecForge 24,550 (1.485x -> 1.49x), plain 34,859 (1.42x); one step's
+kernels 430.0 -> 424.6 ms, the norms 8.8 -> 5.0 (forward 1.6-1.9 ms, at its ~1.7 floor with the residual
+add in it; backward 3.0-3.2 for ~2.0, the same at 8 and 16 warps a program), the gathers 10.8 -> 11.9-12.4
+(inductor had read hidden[inputs] inside its norm and add kernels; now it is gathered once).
+On another (matrix products 345.6 ms): compiled 37,736, plain 35,967, SpecForge 25,704 (1.47x, 1.40x;
+35.3 GiB, 0.55 of its 64.3); norms 5.05 ms compiled, 4.96 plain (13.0 before). Alone, at 16,384 rows
+(benchmarks.fused_kernels_check) the backward is the slow half: 0.93 ms for a 0.16 floor, each program
+walking its rows one at a time, where inductor's whole formula took 0.53. What is left of the 1.5x,
+group by group against the floors above: attention 26.7 ms for ~14, the q/k/v and hidden-row gathers
+and scatters ~12 (no floor: a layout that makes them views removes them), the norms' backward ~3,
+the loss 8.5 for 6.5, the device idle ~3.5 a step after the host syncs.
+
 Earlier (2026-12-02, flex attention, before the TTT kernel): 1.40x / 1.24x at 8 x 2048, 1.81x /
 1.49x at 1 x 2048; 2.46x / 2.13x on 8 chats of 512..2,048 with 256-token prompts.
 """

@@ -1,6 +1,7 @@
 """The training's Triton kernels against their torch formulas, on CPU: the TTT attention kernel
-(backends/train/ttt_kernel.py) against eager attention, and the SiLU-and-multiply (swiglu.py) and the
-teacher's row statistics (teacher_kernel.py), which run in the same worker.
+(backends/train/ttt_kernel.py) against eager attention, and the SiLU-and-multiply (swiglu.py), the
+RMSNorm with and without its residual add (rmsnorm.py) and the teacher's row statistics
+(teacher_kernel.py), which run in the same worker.
 
 Triton's interpreter runs the kernel on CPU tensors, but only if TRITON_INTERPRET=1 is set before
 triton is imported, and any test of this worker may have imported it already (torch does, for one).
@@ -125,6 +126,59 @@ def test_the_teachers_row_kernel_is_the_torch_formula(worker: Worker) -> None:
     assert 0 < answer["in_vocab"] < answer["rows"], "the ties should fall on both sides"
 
 
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    rows=st.integers(0, 40),
+    width=st.sampled_from([16, 100, 256, 1000]),
+    add=st.booleans(),
+    bf16=st.booleans(),
+    seed=st.integers(0, 2**31 - 1),
+)
+def test_rms_norm_kernels_are_the_torch_formula(
+    worker: Worker, rows: int, width: int, add: bool, bf16: bool, seed: int
+) -> None:
+    """The norm (and the sum, after an add) and every gradient (the input's, with the sum's own gradient
+    added, and the weight's, summed over more rows than the backward has programs), against the formula
+    in float32; no rows at all included. In bfloat16, the interpreter's rounding differs from torch's."""
+    answer = worker.errors({"kind": 4, "rows": rows, "width": width, "add": add, "bf16": bf16, "seed": seed})
+    assert answer["interpreted"], "the kernel did not run under Triton's interpreter"
+    goal = 1e-2 if bf16 else 1e-5
+    assert max(answer["errors"].values()) <= goal, answer
+
+
+def _rms_norm_errors(case: dict[str, int]) -> dict[str, float]:
+    import torch
+
+    from backends.train import rmsnorm
+
+    gen = torch.Generator().manual_seed(case["seed"])
+    dtype = torch.bfloat16 if case["bf16"] else torch.float32
+    shape = (case["rows"], case["width"])
+    x, residual, grad, total_grad = (torch.randn(shape, generator=gen).to(dtype) for _ in range(4))
+    weight = 1 + 0.1 * torch.randn(case["width"], generator=gen)
+    leaves = [t.requires_grad_() for t in (x, residual, weight)]
+
+    def formula(x: Any, residual: Any, weight: Any) -> tuple[Any, Any]:
+        total = x + residual
+        return total, rmsnorm.formula(total, weight, 1e-5)
+
+    def kernel(x: Any, residual: Any, weight: Any) -> tuple[Any, Any]:
+        if case["add"]:
+            return rmsnorm.add_rms_norm(x, residual, weight, 1e-5)
+        return x, rmsnorm.rms_norm(x, weight, 1e-5)
+
+    results = []
+    for fn in (kernel, formula if case["add"] else lambda x, r, w: (x, rmsnorm.formula(x, w, 1e-5))):
+        total, out = fn(*leaves)
+        outputs, grads = ((total, out), (total_grad, grad)) if case["add"] else ((out,), (grad,))
+        wanted = leaves if case["add"] else [leaves[0], leaves[2]]
+        results.append([out.detach().float(), *(g.float() for g in torch.autograd.grad(outputs, wanted, grads))])
+    names = ["out", "dx", "dresidual", "dweight"] if case["add"] else ["out", "dx", "dweight"]
+    if not case["rows"]:  # nothing to compare but the shapes, and the weight's gradient, zero
+        return {n: float(a.shape != b.shape or a.abs().sum()) for n, a, b in zip(names, *results, strict=True)}
+    return _relative(names, *results)
+
+
 def _silu_mul_errors(case: dict[str, int]) -> dict[str, float]:
     import torch
     import torch.nn.functional as F
@@ -236,6 +290,10 @@ def _serve() -> None:
             continue
         if case.get("kind") == 2:
             answer = {"errors": _silu_mul_errors(case), "interpreted": ttt_kernel.available("cpu")}
+            print(json.dumps(answer), flush=True)
+            continue
+        if case.get("kind") == 4:
+            answer = {"errors": _rms_norm_errors(case), "interpreted": ttt_kernel.available("cpu")}
             print(json.dumps(answer), flush=True)
             continue
         if case.get("kind") == 3:

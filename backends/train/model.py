@@ -27,6 +27,7 @@ from torch.nn.attention.flex_attention import BlockMask
 
 from backends.train.attention import eager_ttt_attention, flex_ttt_attention
 from backends.train.config import DraftConfig
+from backends.train.rmsnorm import add_rms_norm, rms_norm
 from backends.train.rope import RotaryEmbedding
 from backends.train.step_rows import StepRows
 from backends.train.swiglu import silu_mul
@@ -43,8 +44,12 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # In float32 throughout (weight included), as one fused kernel where PyTorch has one.
-        return F.rms_norm(x.float(), self.weight.shape, self.weight.float(), self.eps).to(x.dtype)
+        # In float32 throughout (weight included): rmsnorm's kernels on CUDA, the torch formula elsewhere.
+        return rms_norm(x, self.weight, self.eps)
+
+    def after_add(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(x + residual, the norm of it) in one pass."""
+        return add_rms_norm(x, residual, self.weight, self.eps)
 
 
 def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -189,8 +194,8 @@ class DecoderLayer(nn.Module):
             values.append(value)
             if queries is not None:
                 hidden = hidden[queries]
-            hidden = hidden + attended
-            hidden = hidden + self.mlp(self.post_attention_layernorm(hidden), gate_up)
+            hidden, normed = self.post_attention_layernorm.after_add(hidden, attended)
+            hidden = hidden + self.mlp(normed, gate_up)
             outputs.append(hidden)
             if k + 1 < plan.steps:
                 hidden = hidden[plan.inputs[k + 1]]
