@@ -21,6 +21,7 @@ from console.link.client import AgentClient
 from console.link.local import LocalTransport
 from console.link.transport import AgentError
 from tests.conftest import kill_runs_of
+from tests.fake_nvml import gpu, write_state
 
 
 def node(run_id: str, rank: int, state: str, host: str = "") -> RunInfo:
@@ -123,3 +124,11 @@ async def test_a_job_over_two_hosts_is_gathered_killed_whole_and_refused_when_a_
     # Only node 0 is on the hosts given: a relaunch of part of a job is refused.
     with pytest.raises(actions.Refused, match=r"^job sweep-7 has no run of node 1 on these hosts"):
         await actions.job_nodes(Fleet.of({"a": client}, named=True), "sweep-7")
+
+
+async def test_the_free_gpus_plan_is_of_the_gpus_chosen(client: AgentClient, nvml_state: Path) -> None:
+    """The console's free-GPUs dialog plans for the GPUs the user chose, not every GPU of the host."""
+    write_state(nvml_state, [gpu(), gpu(), gpu()])
+    plan = await actions.free_gpus_plan(client, [1])
+    assert plan["dry_run"] is True and [report["index"] for report in plan["gpus"]] == [1]
+    assert [report["index"] for report in (await actions.free_gpus_plan(client))["gpus"]] == [0, 1, 2]
