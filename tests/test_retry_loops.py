@@ -111,6 +111,48 @@ async def test_a_follow_whose_reconnects_fail_says_why_once_and_resumes(
     ]
 
 
+async def test_a_follow_whose_link_goes_again_as_it_subscribes_reconnects_again_and_loses_nothing(
+    workdir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As through a multiplexer that greets for an agent killed a moment before: the reconnect is answered, then
+    the subscribe finds the link gone. Before, that subscribe's error ended the follow with exit 1."""
+    monkeypatch.setattr(client_module, "RECONNECT_BACKOFF_S", (0.01, 0.02))
+    run = starting_run(workdir, b"before\n")
+    transport = InProcessTransport(workdir)
+    client = AgentClient(transport)
+    subscribes = [0]
+    real_subscribe = AgentClient.subscribe
+
+    async def subscribe(self: AgentClient, **kwargs: Any) -> Any:
+        subscribes[0] += 1
+        if subscribes[0] == 2:  # the first subscribe after the first loss
+            transport.drop()
+        return await real_subscribe(self, **kwargs)
+
+    monkeypatch.setattr(AgentClient, "subscribe", subscribe)
+    await client.start()
+    said: list[str] = []
+    got = b""
+    try:
+        async for msg in follow(client, run.id, {"log": 0, "metrics": PAST_END, "events": PAST_END}, said.append):
+            if msg["stream"] != "log":
+                continue
+            got += base64.b64decode(msg["data_b64"])
+            if got == b"before\n":
+                transport.drop()
+                with run.file(OUTPUT).open("ab") as log:
+                    log.write(b"while away\n")
+            elif got.endswith(b"while away\n"):
+                break
+    finally:
+        await client.close()
+    assert got == b"before\nwhile away\n"  # nothing lost, nothing twice
+    assert (transport.opened, subscribes[0]) == (3, 3)
+    assert said[0] == "connection lost (the agent closed the connection); reconnecting"
+    assert said[-1] == "reconnected after 0 s; resuming where the stream stopped"
+    assert [line for line in said if line.startswith("connection lost")] == [said[0], said[2]], said
+
+
 async def test_watch_says_a_status_the_agent_failed_to_give_and_asks_again(
     workdir: Path, nvml_state: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

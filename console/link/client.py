@@ -313,6 +313,8 @@ class AgentClient(AgentOps):
                 self._dispatch(msg)
         except TransportError as exc:
             reason = str(exc)
+        except OSError as exc:  # a transport that let its socket's error through: the link is as gone as at EOF
+            reason = f"the link to the agent failed ({exc.strerror or exc})"
         except (ValueError, RecursionError) as exc:
             reason = f"the agent sent something that is not a message ({exc})"
         words = self.transport.last_words()
@@ -395,7 +397,15 @@ async def follow(
     offsets = dict(offsets)
     quiet_s = seconds_for("hello", {}, client.timeout)
     while True:
-        sub = await client.subscribe(run=run, offsets=offsets)
+        try:
+            sub = await client.subscribe(run=run, offsets=offsets)
+        except TransportError as exc:
+            if not exc.transient:
+                raise
+            # Lost again between the reconnect and the subscribe (a multiplexer greets for an agent killed a
+            # moment before): a loss like any other, its repeats paced and bounded by the reconnect.
+            await reconnect_and_say(client, notify, str(exc), "resuming where the stream stopped")
+            continue
         heard = [time.monotonic()]
         alive = asyncio.create_task(_ask_when_quiet(client, heard, quiet_s))
         try:
