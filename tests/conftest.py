@@ -82,6 +82,20 @@ def kill_runs_of(*stores: Path) -> None:
                 runctl.kill(run, "KILL", 0)
 
 
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 1 MiB tmpfs of the test's own, to fill (an agent's files take about 3 MB)."""
+    mount = tmp_path / "small"
+    mount.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount)], capture_output=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs to fill here: {done.stderr.decode().strip()}")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
 @pytest.fixture(scope="session")
 def sshd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """A real OpenSSH server on 127.0.0.1 (installed by `make test`), and a client HOME that trusts it."""

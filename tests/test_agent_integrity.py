@@ -189,20 +189,6 @@ async def test_agent_files_changed_while_it_runs_are_never_run_by_a_new_supervis
         await client.close()
 
 
-@pytest.fixture
-def small_disk(tmp_path: Path) -> Iterator[Path]:
-    """A 1 MiB tmpfs (the agent's files take about 3 MB)."""
-    mount = tmp_path / "small"
-    mount.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount)], capture_output=True)
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs to fill here: {done.stderr.decode().strip()}")
-    try:
-        yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], check=False)
-
-
 def test_a_first_upload_onto_a_full_disk_says_so_in_one_line(sshd: Sshd, small_disk: Path) -> None:
     """OpenSSH's SFTP server answers a write on a full disk with 'Failure' and nothing more; the console asks
     the host's disk (statvfs) and says what happened and what to do. The half-made copy is not left behind."""

@@ -7,8 +7,6 @@ from __future__ import annotations
 import errno
 import json
 import os
-import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -91,20 +89,6 @@ def test_exchange_swaps_two_folders_whole(tmp_path: Path) -> None:
     with pytest.raises(OSError) as missing:
         exchange(tmp_path / "absent", old)
     assert missing.value.errno == errno.ENOENT
-
-
-@pytest.fixture
-def small_disk(tmp_path: Path) -> Iterator[Path]:
-    """A 1 MiB tmpfs of our own, to fill."""
-    mount = tmp_path / "small"
-    mount.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount)], capture_output=True)
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs to fill here: {done.stderr.decode().strip()}")
-    try:
-        yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], check=False)
 
 
 def test_a_line_the_full_disk_cut_short_is_taken_back_and_said_as_no_space(small_disk: Path) -> None:

@@ -11,7 +11,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -19,8 +18,8 @@ from typing import Any
 import pytest
 
 from backends.host import procinfo
-from backends.host.procinfo import ProcIdentity
 from tests.conftest import REPO
+from tests.test_procinfo import identity, wait_for
 
 Start = Callable[..., "subprocess.Popen[bytes]"]
 MARKER = b"EAGLE3_RUN_ID=mutation-run"
@@ -58,21 +57,6 @@ def start() -> Iterator[Start]:
 def ready(proc: subprocess.Popen[bytes]) -> subprocess.Popen[bytes]:
     assert proc.stdout is not None and proc.stdout.readline() == b"ready\n"
     return proc
-
-
-def identity(pid: int) -> ProcIdentity:
-    ident = procinfo.identify(pid)
-    assert ident is not None, f"process {pid} should be alive"
-    return ident
-
-
-def wait_for(predicate: Callable[[], bool], timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.01)
-    return predicate()
 
 
 def as_nobody(argv: list[str]) -> list[str]:

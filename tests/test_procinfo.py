@@ -46,7 +46,7 @@ def spawn() -> Iterator[Spawn]:
             proc.stdout.close()
 
 
-def wait_for(predicate: Callable[[], bool], timeout: float = 5.0) -> bool:
+def wait_for(predicate: Callable[[], bool], timeout: float = 10.0) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if predicate():
