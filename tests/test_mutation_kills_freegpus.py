@@ -11,11 +11,20 @@ import pytest
 from backends.host.freegpus import GONE, carry_out, free_gpus, plan_free
 from backends.host.gpus import GpuSampler
 from backends.protocol import ProtocolError
+from tests import fake_nvml
 from tests.conftest import Spawn
 from tests.fake_nvml import gpu, write_state
 from tests.test_freegpus import STUBBORN, alive, holding, nodes, sampler, state
 
 __all__ = ["nodes", "sampler", "state"]  # the fixtures of test_freegpus.py, used here by name
+
+# A process that takes a moment to exit on SIGTERM (its GPU's memory released on the way), as a trainer saving state.
+SLOW_TO_EXIT = fake_nvml.MAP_NODES + (
+    "import signal, sys, time\n"
+    "signal.signal(signal.SIGTERM, lambda *_: (time.sleep(0.5), sys.exit(0)))\n"
+    "print('ready', flush=True)\n"
+    "time.sleep(60)\n"
+)
 
 
 def test_a_process_that_appears_while_freeing_is_told_apart_and_a_survivor_shows_its_memory_now(
@@ -43,7 +52,7 @@ def test_a_gpu_gone_from_the_list_while_freeing_is_reported_without_an_after(
     state: Path, sampler: GpuSampler, spawn: Spawn, nodes: Path
 ) -> None:
     first = holding(spawn, nodes / "nvidia0")
-    second = holding(spawn, nodes / "nvidia1")
+    second = holding(spawn, nodes / "nvidia1", code=SLOW_TO_EXIT)
     write_state(state, [gpu(processes=[(first.pid, 1000)]), gpu(processes=[(second.pid, 2000)])], dev_dir=nodes)
     plan = plan_free(sampler, None)
     # GPU 1 falls off the bus: NVML lists GPU 0 alone from now on.

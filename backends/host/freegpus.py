@@ -167,7 +167,9 @@ def carry_out(plan: FreePlan, sampler: GpuSampler, timeout: float = 15.0, grace:
             signalled[ident] = proof
         else:
             refused[ident] = reason
-    after = _wait_released(sampler, signalled, start + max(timeout, 0.0), start + max(min(grace, timeout), 0.0))
+    gpus_of = {ident: {p.gpu for p in plan.processes if p.ident == ident} for ident in signalled}
+    deadline, kill_at = start + max(timeout, 0.0), start + max(min(grace, timeout), 0.0)
+    after = _wait_released(sampler, signalled, gpus_of, deadline, kill_at)
     _reap(signalled)  # one that died after the last poll's reap
 
     def action(planned: PlannedProcess) -> str:
@@ -194,10 +196,15 @@ def carry_out(plan: FreePlan, sampler: GpuSampler, timeout: float = 15.0, grace:
 
 
 def _wait_released(
-    sampler: GpuSampler, signalled: dict[ProcIdentity, Proof], deadline: float, kill_at: float
+    sampler: GpuSampler,
+    signalled: dict[ProcIdentity, Proof],
+    gpus_of: dict[ProcIdentity, set[int]],
+    deadline: float,
+    kill_at: float,
 ) -> list[GpuInfo]:
     """Poll until no signalled pid is listed on any GPU, SIGKILLing at `kill_at` the living that still hold
-    their GPUs.
+    their GPUs. A process whose GPUs have all left the list (fallen off the bus) cannot be seen to release them:
+    it is waited for until it has exited, else it would be told `survived` while it was still dying.
 
     Returns the latest non-empty sample ([] when every sample came back empty).
     """
@@ -214,7 +221,9 @@ def _wait_released(
         # An empty sample proves nothing (nvidia-smi hiccup), so it never ends the wait early.
         if not pids or now >= deadline:
             return latest
-        if sample and not listed & pids:
+        shown = {gpu["index"] for gpu in sample}
+        unseen = [ident for ident, gpus in gpus_of.items() if not gpus & shown and procinfo.is_alive(ident)]
+        if sample and not listed & pids and not unseen:
             # Memory was read before the process list, maybe while the process still held it.
             return sampler.sample() or latest
         if not killed and now >= kill_at:
