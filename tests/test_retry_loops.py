@@ -153,6 +153,59 @@ async def test_a_follow_whose_link_goes_again_as_it_subscribes_reconnects_again_
     assert [line for line in said if line.startswith("connection lost")] == [said[0], said[2]], said
 
 
+async def test_a_quiet_follow_whose_hello_cannot_be_sent_reconnects_rather_than_wait_for_ever(
+    workdir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A link that takes no more writes while its reader sees no end: the hello a quiet follow asks cannot be sent.
+    Before, that hello's failure ended the follow's watch on the link and the follow waited on its stream for ever
+    (one such `logs --follow` was found idle an hour after its test)."""
+    monkeypatch.setattr(client_module, "RECONNECT_BACKOFF_S", (0.01, 0.02))
+    run = starting_run(workdir, b"before\n")
+    transport = InProcessTransport(workdir)
+    client = AgentClient(transport, timeout=1.0)  # a quiet second asks for a hello
+    real_send = InProcessTransport.send
+    unwritable = [False]
+
+    async def send(self: InProcessTransport, line: bytes) -> None:
+        if unwritable[0]:
+            unwritable[0] = False
+            raise TransportError("inprocess: the link takes no more writes")
+        await real_send(self, line)
+
+    async def write_once_back() -> None:
+        while transport.opened < 2:
+            await asyncio.sleep(0.01)
+        with run.file(OUTPUT).open("ab") as log:
+            log.write(b"while away\n")
+
+    async def followed() -> bytes:
+        got = b""
+        async for msg in follow(client, run.id, {"log": 0, "metrics": PAST_END, "events": PAST_END}, said.append):
+            if msg["stream"] != "log":
+                continue
+            got += base64.b64decode(msg["data_b64"])
+            if got == b"before\n":
+                unwritable[0] = True  # the next request, the quiet follow's hello, cannot be sent
+            elif got.endswith(b"while away\n"):
+                break
+        return got
+
+    monkeypatch.setattr(InProcessTransport, "send", send)
+    await client.start()
+    said: list[str] = []
+    writer = asyncio.create_task(write_once_back())
+    try:
+        got = await asyncio.wait_for(followed(), timeout=20)
+    finally:
+        writer.cancel()
+        await client.close()
+    assert got == b"before\nwhile away\n"  # nothing lost, nothing twice
+    assert said == [
+        "connection lost (inprocess: the link takes no more writes); reconnecting",
+        "reconnected after 0 s; resuming where the stream stopped",
+    ]
+
+
 async def test_watch_says_a_status_the_agent_failed_to_give_and_asks_again(
     workdir: Path, nvml_state: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -210,7 +210,14 @@ class AgentClient(AgentOps):
         self._ops[request_id] = op
         seconds = seconds_for(op, args, self.timeout)
         try:
-            await self.transport.send(protocol.request_line(request_id, op, args))
+            try:
+                await self.transport.send(protocol.request_line(request_id, op, args))
+            except TransportError as exc:
+                # A link that cannot carry a request is gone for every caller: a stream waiting on it would wait
+                # for ever where its reader sees no end (a follow's hello found it so, and returned).
+                self._pending.pop(request_id, None)
+                self._lose_link(exc)
+                raise
             # asyncio.wait, not wait_for: Python 3.11's wait_for returns a reply that came as its caller was
             # cancelled and drops the cancel (a console's follow of a run no longer selected went on writing).
             await asyncio.wait((future,), timeout=seconds)
@@ -262,14 +269,20 @@ class AgentClient(AgentOps):
                 await self.reconnect()
 
     def _give_up(self, error: NoAnswer) -> NoAnswer:
-        """The link given up, as when it drops: every call waiting on it fails and every stream ends, so that
-        each caller reconnects (a new agent) rather than wait on one that does not answer."""
+        """The link given up, as when it drops, so that each caller reconnects (a new agent) rather than wait on
+        one that does not answer."""
+        if self.closed_reason is None:
+            self._no_answer = True
+        self._lose_link(error)
+        return error
+
+    def _lose_link(self, error: TransportError) -> None:
+        """The link is gone as `error` says: every call waiting on it fails and every stream ends."""
         if self._reader is not None:
             self._reader.cancel()
         if self.closed_reason is None:
-            self.closed_reason, self._no_answer = str(error), True
+            self.closed_reason = str(error)
         self._fail_all(error)
-        return error
 
     def _fail_all(self, error: TransportError) -> None:
         """The link is gone: every call waiting on it fails with `error`, every stream ends."""
