@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -82,18 +83,24 @@ def kill_runs_of(*stores: Path) -> None:
                 runctl.kill(run, "KILL", 0)
 
 
-@pytest.fixture
-def small_disk(tmp_path: Path) -> Iterator[Path]:
-    """A 1 MiB tmpfs of the test's own, to fill (an agent's files take about 3 MB)."""
-    mount = tmp_path / "small"
+@contextlib.contextmanager
+def tmpfs(mount: Path, size: str) -> Iterator[Path]:
+    """A tmpfs of `size` (mount's `1m`, `2m`) at `mount`, the test's own, to fill; unmounted afterwards."""
     mount.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount)], capture_output=True)
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mount)], capture_output=True)
     if done.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs to fill here: {done.stderr.decode().strip()}")
     try:
         yield mount
     finally:
         subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 1 MiB tmpfs of the test's own, to fill (an agent's files take about 3 MB)."""
+    with tmpfs(tmp_path / "small", "1m") as mount:
+        yield mount
 
 
 @pytest.fixture(scope="session")

@@ -23,7 +23,7 @@ from backends.host import diskspace, procinfo
 from backends.runs import control as runctl
 from backends.runs import watch
 from backends.runs.store import EXIT, PROC, SPEC, RunDir, RunSpec, RunStore, SpecError, StoreError
-from tests.conftest import remove_live_folder, wait_for
+from tests.conftest import remove_live_folder, tmpfs, wait_for
 
 NS_LAST_PID = Path("/proc/sys/kernel/ns_last_pid")
 
@@ -230,19 +230,14 @@ def test_stack_dumps_never_show_the_api_key_or_a_token(workdir: Path) -> None:
 
 @pytest.fixture
 def small_disk(tmp_path: Path) -> Iterator[Path]:
-    """A 2 MiB tmpfs of our own, to fill."""
-    mount = tmp_path / "small"
-    mount.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mount)], capture_output=True)
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs to fill here: {done.stderr.decode().strip()}")
-    try:
-        yield mount
-    finally:
-        for run in RunStore(mount / "work").all():
-            with contextlib.suppress(runctl.OpError):
-                runctl.kill(run, "KILL", 0)
-        subprocess.run(["umount", "-l", str(mount)], check=False)
+    """A 2 MiB tmpfs of our own, to fill; the runs of its store killed before it goes."""
+    with tmpfs(tmp_path / "small", "2m") as mount:
+        try:
+            yield mount
+        finally:
+            for run in RunStore(mount / "work").all():
+                with contextlib.suppress(runctl.OpError):
+                    runctl.kill(run, "KILL", 0)
 
 
 def fill(disk: Path) -> Path:
