@@ -277,7 +277,11 @@ def test_a_two_node_training_job_trains_on_both_hosts_checkpoints_and_shows_as_o
     assert done.returncode == 0, done.stderr[-3000:]
     job = done.stdout.splitlines()[0]
     assert "a: node 0: run " in done.stderr and "b: node 1: run " in done.stderr
-    found = job_of(laptop, job)
+    # --follow follows node 0 to its end; node 1 ends on its own a moment later.
+    deadline = time.monotonic() + 30
+    while (found := job_of(laptop, job))["state"] == "running":
+        assert time.monotonic() < deadline, found
+        time.sleep(0.2)
     rows = metric_rows(laptop, "a", found["nodes"][0]["run"])  # global rank 0 is node 0's: it writes the rows
     assert [row["step"] for row in rows if "loss" in row] == [1, 2, 3, 4]
     assert metric_rows(laptop, "b", found["nodes"][1]["run"]) == []
