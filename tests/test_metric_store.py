@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from backends.protocol import Metric, MetricRow
-from console.tui.metric_store import DEFAULT_SMOOTHING, Column, MetricStore, Series, column_edges
+from console.tui.metric_store import DEFAULT_SMOOTHING, MAX_POINTS, Column, MetricStore, Series, column_edges
 
 Point = tuple[float, float]
 
@@ -294,6 +294,33 @@ def test_a_loss_gone_nan_shows_as_gaps_with_its_last_real_value() -> None:
     assert loss.y_range(robust=True) == (lowest, 1.0 - 15 / 200)  # after the first 5% of the 300 points
     loss.append(300.0, 0.4)  # it recovered
     assert loss.columns(0.0, 300.0, 1)[0].last == 0.4
+
+
+def test_a_run_followed_for_days_keeps_a_bounded_store_with_its_curve_whole() -> None:
+    """A week at 10 rows a second would hold 6 M points a series: the store keeps MAX_POINTS, the older ones
+    thinned, and the chart still shows where the curve starts and ends, its spike, its NaN and its y range."""
+    store = MetricStore()
+    full = Series("loss")
+    rows = 20 * MAX_POINTS
+    for step in range(rows):
+        loss = 5.0 * math.exp(-step / 40_000) + 0.01 * math.sin(step) + (30.0 if step == 12_345 else 0.0)
+        value = math.nan if step == 50_000 else loss
+        store.add_row({"step": step, "loss": value, "lr": 1e-4})
+        full.append(float(step), value)
+        if step % 997 == 0:
+            kept = store.series("loss")
+            assert kept is not None and len(kept) <= MAX_POINTS
+    kept = store.series("loss")
+    assert kept is not None and MAX_POINTS // 4 <= len(kept) <= MAX_POINTS
+    assert kept.x_range == (0.0, rows - 1.0) and kept.last == full.last
+    assert kept.y_range() == full.y_range()  # the spike at step 12,345 is still the top
+    assert kept.nonfinite == 1
+    width = 160
+    for shown, exact in zip(kept.columns(0.0, rows - 1.0, width), full.columns(0.0, rows - 1.0, width), strict=True):
+        # a thinning slice straddling a column's edge may lend its extreme to the next column: a hair
+        assert abs(shown.lo - exact.lo) <= 0.05 and abs(shown.hi - exact.hi) <= 0.05
+    recent = full.columns(rows - MAX_POINTS // 8, rows - 1.0, 40)
+    assert kept.columns(rows - MAX_POINTS // 8, rows - 1.0, 40) == recent  # the newest points are all kept
 
 
 def test_bad_queries_are_refused() -> None:

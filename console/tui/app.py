@@ -58,6 +58,8 @@ LOUD_TIMEOUT_S = 15.0  # errors and stalls stay up longer than news
 MAX_LINEAGE = 50  # attempts followed back through their parents for the last one that logged
 FEED_ROWS = 500  # metric rows added to a store between two looks at the screen: a long history loads, the UI lives
 THEME_PREFIX = "eagle3-"  # the console's own themes; Textual's others are not made for its colours
+KEPT_STORES = 4  # runs whose metric stores are kept (the followed, its overlay, the last looked at): a week open
+# following relaunch after relaunch held a store of every run it had shown
 
 
 class ConsoleApp(App[None]):
@@ -275,6 +277,7 @@ class ConsoleApp(App[None]):
                 self.announce_nonfinite(run["id"], nonfinite)
         self.announce_changes(status["runs"], told)
         self.runs = {run["id"]: run for run in status["runs"]}
+        self.forget_gone()
         self.down_since = cast(HostsStatus, status).get("down_since") or {}
         self.polled_at = time.monotonic()
         self.gpu_error = status.get("gpu_error")
@@ -295,6 +298,15 @@ class ConsoleApp(App[None]):
                 self.select_run(self.moving_to)
                 self.moving_to = None
             self.show_selected()
+
+    def forget_gone(self) -> None:
+        """What the console holds of each run, kept only for the runs the status still lists: open for weeks, it
+        would otherwise keep something of every run it ever saw."""
+        shown = set(self.runs) | {run_id for run_id in (self.followed, self.overlaid) if run_id}
+        self.progress = {run_id: p for run_id, p in self.progress.items() if run_id in shown}
+        self.unseen &= shown
+        self.nan_told &= shown
+        self.not_numbers_told &= shown
 
     def announce_fates(self, runs: list[RunInfo]) -> set[str]:
         """A relaunched run's fate, once it is known: ready, or how it ended (whatever the poll saw before)."""
@@ -419,20 +431,25 @@ class ConsoleApp(App[None]):
         progress = self.progress.setdefault(run_id, Progress(total_steps(argv)))
         history = True  # the first metrics rows are the run's past: no step rate from them
         self.show_progress("")
-        metrics = self.run_metrics.setdefault(run_id, RunMetrics())
+        metrics = self.run_metrics.pop(run_id, None) or RunMetrics()
+        self.run_metrics[run_id] = metrics  # the last followed last: the oldest go first
+        for older in list(self.run_metrics)[:-KEPT_STORES]:
+            del self.run_metrics[older]
         run = self.runs.get(run_id)
         self.query_one(ChartsPanel).show(run["kind"] if run else "", metrics.store)
         if run is not None and run["parent"]:
             self.load_lineage(run_id, run["parent"])
         await self.feed(run_id)
-        await self.connected.wait()
-        try:
-            chunk = await self.client.logs(run_id, tail=LOG_TAIL_LINES)
-        except AgentError as exc:  # its output.log is gone: say so where the log would be
-            log.add(f"— {exc.message} —")
-            return
-        except TransportError:
-            return
+        while True:
+            await self.connected.wait()
+            try:
+                chunk = await self.client.logs(run_id, tail=LOG_TAIL_LINES)
+                break
+            except AgentError as exc:  # its output.log is gone: say so where the log would be
+                log.add(f"— {exc.message} —")
+                return
+            except TransportError:  # the link went as the run was chosen: its log comes once it is back
+                await asyncio.sleep(POLL_S)
         reader = LineReader()  # this run's lines, however long, a progress bar's redraws, as they come
         self.write_log(log, reader, base64.b64decode(chunk["data_b64"]))
         offsets = {"log": chunk["next_offset"], "metrics": metrics.offset, "events": 0}

@@ -539,7 +539,11 @@ class TailLog(ScrollView, can_focus=True):
         style = self.row_style()
         if row >= len(self.lines):
             return Strip.blank(width, style)
-        strip = self.lines[row]
+        # A copy of the kept row to draw from: Strip caches each crop, offset and style it makes on itself, and
+        # a kept row is drawn at a new offset every time a line arrives, so those caches on the 5,000 kept rows
+        # were most of what the console's memory grew by. The copy's caches go with the frame.
+        kept = self.lines[row]
+        strip = Strip(iter(kept), kept.cell_length)
         selection = self.text_selection
         if selection is not None and (span := selection.get_span(row)) is not None:
             strip = self.selected(strip, span)

@@ -4,7 +4,12 @@ so a redraw costs the same for a hundred points or ten million.
 
 Memory: a point costs 24 bytes (its x, its y and its smoothed y, as C doubles) plus about 3 bytes of pyramid
 and smoothing checkpoints, so a million points of one series take about 27 MB, 28 MB as measured by
-benchmarks/chart_redraw.py (`array` over-allocates while growing). Nothing is ever dropped to save it.
+benchmarks/chart_redraw.py (`array` over-allocates while growing). A console left open for days would hold
+every point of every run it followed, so a run's series keep at most MAX_POINTS each: past that, the older
+points are thinned (`Series.thin`) to their lowest and highest (and first and last NaN/inf) in each of
+MAX_POINTS / 8 slices of their x range (and thinned again after MAX_POINTS / 2 more), so the curve's shape,
+its spikes and its y range stay while old history coarsens with age, as a chart a few hundred columns wide
+shows it anyway.
 Pure Python on purpose: the console installs without numpy.
 """
 
@@ -22,6 +27,8 @@ from console.visible import printable
 
 DEFAULT_SMOOTHING = 0.6  # TensorBoard's default weight
 WARMUP_FRACTION = 0.05  # the robust y range leaves out this much of the start of a curve
+MAX_POINTS = 8192  # of a series in a run's store: ~220 kB, for a chart a few hundred columns wide
+RECENT_FRACTION = 4  # a thinned series keeps its last 1/4 of MAX_POINTS whole, its older points 2 in each of 1/8
 
 _SHIFT = 4
 _FAN = 1 << _SHIFT  # values per block of the pyramid's first level, blocks per block of the next ones
@@ -91,6 +98,24 @@ class _Pyramid:
             lo, hi = min(mins[-_FAN:]), max(maxs[-_FAN:])
             level += 1
 
+    def rebuild(self, values: array[float], dirty: list[int]) -> None:
+        """Every level again over `values`; `dirty`: the blocks of 16 that hold a NaN/inf (ascending)."""
+        self.values = values
+        self.mins, self.maxs = [], []
+        whole = len(values) >> _SHIFT << _SHIFT
+        mins = array("d", map(min, *[iter(values[:whole])] * _FAN))  # C loops: a rebuild is a few ms
+        maxs = array("d", map(max, *[iter(values[:whole])] * _FAN))
+        for block in dirty:
+            if block < len(mins):
+                finite = [v for v in values[block << _SHIFT : (block + 1) << _SHIFT] if v - v == 0.0]
+                mins[block], maxs[block] = (min(finite), max(finite)) if finite else (_INF, -_INF)
+        while mins:
+            self.mins.append(mins)
+            self.maxs.append(maxs)
+            whole = len(mins) >> _SHIFT << _SHIFT
+            mins = array("d", map(min, *[iter(mins[:whole])] * _FAN))
+            maxs = array("d", map(max, *[iter(maxs[:whole])] * _FAN))
+
     def truncate(self, n: int) -> None:
         del self.values[n:]
         for level, (mins, maxs) in enumerate(zip(self.mins, self.maxs, strict=True)):
@@ -142,6 +167,7 @@ class Series:
     """
 
     __slots__ = (
+        "_cap",
         "_ckpt_ema",
         "_ckpt_finite",
         "_ema",
@@ -157,8 +183,10 @@ class Series:
         "smoothing",
     )
 
-    def __init__(self, name: str, smoothing: float = DEFAULT_SMOOTHING) -> None:
+    def __init__(self, name: str, smoothing: float = DEFAULT_SMOOTHING, cap: int | None = None) -> None:
+        """`cap`: the most points it keeps, the older ones thinned past it (see `thin`); None: every point."""
         self.name = name
+        self._cap = cap
         self.smoothing = _weight(smoothing)
         self._keep = 1.0 - smoothing
         self._xs: array[float] = array("d")
@@ -230,6 +258,8 @@ class Series:
             self._smooth.close_block(dirty)
             self._ckpt_ema.append(self._ema)
             self._ckpt_finite.append(self._finite)
+        if self._cap is not None and i + 1 >= self._cap:
+            self.thin(len(xs) - self._cap // RECENT_FRACTION, self._cap // (2 * RECENT_FRACTION))
 
     def columns(self, x0: float, x1: float, width: int, *, smoothed: bool = False) -> list[Column]:
         """`width` equal x-slices of [x0, x1] (see `column_edges`), each with exactly the min/max/last of the
@@ -294,6 +324,61 @@ class Series:
             return self._nf_start[run] - 1  # runs are maximal: the point before one is finite
         return i
 
+    def thin(self, old: int, buckets: int) -> None:
+        """The first `old` points thinned to at most `buckets` equal slices of their x range: of each slice, its
+        lowest and highest finite points and its first and last NaN/inf, in order (and the very first point, where
+        the curve starts); the rest kept whole. Slices of x rather than runs of points, so a curve thinned again
+        and again keeps the same density over all its history. Every smoothed value kept is the one it had. A
+        column of old history then counts the points kept; its extent is exact wherever slices do not straddle its
+        edges. O(n), with C loops for the pyramids."""
+        xs, raw, smooth = self._xs, self._raw.values, self._smooth.values
+        x0 = xs[0]
+        width = (xs[old - 1] - x0) / buckets or 1.0
+        kept: list[int] = [0]
+        start = 0
+        while start < old:
+            slot = int((xs[start] - x0) / width)
+            end = bisect_left(xs, x0 + (slot + 1) * width, start + 1, old)
+            block = raw[start:end]
+            if self._nonfinite_before(end) == self._nonfinite_before(start):
+                picks = {block.index(min(block)), block.index(max(block))}
+            else:
+                finite = [j for j, v in enumerate(block) if v - v == 0.0]
+                bad = [j for j, v in enumerate(block) if v - v != 0.0]
+                picks = {bad[0], bad[-1]}
+                if finite:
+                    picks |= {min(finite, key=block.__getitem__), max(finite, key=block.__getitem__)}
+            kept += [start + j for j in sorted(picks) if start + j]
+            start = end
+        kept += range(old, len(xs))
+        new_xs = array("d", map(xs.__getitem__, kept))
+        new_raw = array("d", map(raw.__getitem__, kept))
+        new_smooth = array("d", map(smooth.__getitem__, kept))
+        self._xs = new_xs
+        self._nf_start, self._nf_end, self._nf_before = array("q"), array("q"), array("q")
+        # The checkpoints as the moving average stood at each new block's end: smoothed = ema / (1 - w**n).
+        self._ckpt_ema, self._ckpt_finite = array("d"), array("q")
+        dirty: list[int] = []
+        seen, last = 0, 0.0
+        for i, y in enumerate(new_raw):
+            if y - y == 0.0:
+                seen += 1
+                last = new_smooth[i]
+            else:
+                if self._nf_end and self._nf_end[-1] == i:
+                    self._nf_end[-1] = i + 1
+                else:
+                    self._nf_before.append(self._nonfinite_before(i))
+                    self._nf_start.append(i)
+                    self._nf_end.append(i + 1)
+                if not dirty or dirty[-1] != i >> _SHIFT:
+                    dirty.append(i >> _SHIFT)
+            if not (i + 1) & _MASK:
+                self._ckpt_ema.append(last * (1.0 - self.smoothing**seen) if seen else 0.0)
+                self._ckpt_finite.append(seen)
+        self._raw.rebuild(new_raw, dirty)
+        self._smooth.rebuild(new_smooth, dirty)
+
     def _truncate(self, n: int) -> None:
         """Keep the first n points only."""
         del self._xs[n:]
@@ -349,8 +434,10 @@ class MetricStore:
     that names it already made safe for the terminal.
     """
 
-    def __init__(self, smoothing: float = DEFAULT_SMOOTHING) -> None:
+    def __init__(self, smoothing: float = DEFAULT_SMOOTHING, cap: int | None = MAX_POINTS) -> None:
+        """`cap`: the most points each series keeps (see `Series.thin`); None: every point."""
         self.smoothing = _weight(smoothing)  # refused now, not at the first row
+        self.cap = cap
         self.x_label = "step"
         self._x_key: str | None = None  # "" when x is the arrival index
         self._x = 0.0
@@ -378,7 +465,7 @@ class MetricStore:
                 continue
             series = self._series.get(name)
             if series is None:
-                series = self._series[name] = Series(name, self.smoothing)
+                series = self._series[name] = Series(name, self.smoothing, self.cap)
             series.append(self._x, y)
             got.add(name)
         return got
