@@ -6,6 +6,8 @@ One reply per request: {"v": 1, "id": ID, "ok": true, "result": {...}}
 Subscriptions push stream messages: {"v": 1, "sub": N, "stream": ..., ...}; the last is
 "end", with the run's state (and a failed run's "failure" line), and an "error" when the stream ended
 otherwise than with the run (its folder removed, a file of its record corrupt, a file that cannot be read).
+Through the shared connection a stream may instead stop with "behind" (BEHIND): the command read too slowly,
+and subscribes again from the offsets it reached.
 Log bytes travel base64-encoded (they may be invalid UTF-8); metric and event
 rows travel parsed. Offsets are byte offsets into the run's files, so a client
 that reconnects resumes exactly where it stopped. No message carries more than
@@ -857,6 +859,17 @@ def too_large_end(sub: int, stream: str, size: int) -> dict[str, Any]:
         "the stream stopped there (please report it: no message should be that large)"
     )
     return stream_message(sub, "end", {"run": None, "state": None, "error": error})
+
+
+# The shared connection stops a stream with this message where its command has fallen this far behind (a paused
+# `logs -f | less`, a 100 MB line read by a slow terminal) rather than keep the rest in memory for it.
+BEHIND = "behind"
+
+
+def behind_message(sub: int, waiting: int) -> dict[str, Any]:
+    """The last message of a stream whose command read too slowly, `waiting` bytes held for it: it subscribes
+    again from the offsets it reached, on the same link."""
+    return stream_message(sub, BEHIND, {"waiting": waiting})
 
 
 # The first bytes of a reply to a request of an integer id, and of a stream message, as `encode` writes them:

@@ -123,6 +123,48 @@ def test_a_line_of_100_mb_comes_whole_over_ssh_with_and_without_the_multiplexer(
         print(f"\nlogs {' '.join(args)} of one 100 MB line over sshd ({how}): {took:.1f} s, {100 / took:.0f} MB/s")
 
 
+@pytest.mark.timeout(400)
+def test_a_follow_read_too_slowly_through_the_shared_connection_resumes_on_it_without_a_reconnect(
+    place: Place,
+) -> None:
+    """`logs -f` of a 100 MB line into a pipe nobody reads for a while (a paused `| less`, a slow terminal): the
+    multiplexer holds at most SESSION_BUFFER_LIMIT for the command, then stops its stream, and the command
+    subscribes again from where it read, on the same connection. Before: the command was let go and said the
+    connection was lost (cc18 saw it on a loaded machine with a reader that was merely slow)."""
+    shared_ready(place)
+    run_id = launch(place, "shared", ONE_LINE, 100 * MB)
+    output = output_of(place, run_id)
+    wait_for(lambda: output.stat().st_size == 100 * MB, timeout=60, what="the 100 MB line to be written")
+    argv = [sys.executable, "-m", "console", "--workdir", str(place.workdir), ALIAS, "logs", run_id, "--follow"]
+    follower = subprocess.Popen(argv, cwd=REPO, env=place.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert follower.stdout is not None and follower.stderr is not None
+    read: list[bytes] = []
+    go_on = threading.Event()
+
+    def reader(pipe: Any) -> None:
+        """Its first 2 MB (it has subscribed by then), then nothing until told, then the rest."""
+        while (piece := pipe.read1(1 << 20)) and (sum(map(len, read)) < 2 * MB or go_on.wait(timeout=200)):
+            read.append(piece)
+
+    thread = threading.Thread(target=reader, args=(follower.stdout,), daemon=True)
+    thread.start()
+    try:
+        log = place.folder / "reuse.log"
+        stopped = "a command read its streams too slowly"
+        wait_for(lambda: log.is_file() and stopped in log.read_text(), timeout=120, what="the stream stopped")
+        go_on.set()
+        thread.join(timeout=200)
+        err = follower.stderr.read()
+        follower.wait(timeout=30)
+    finally:
+        go_on.set()
+        follower.kill()
+        follower.wait()
+    done = subprocess.CompletedProcess(argv, follower.returncode, b"".join(read), err)
+    assert_whole(done, output.read_bytes(), "logs --follow (shared, read late)")
+    assert len(place.multiplexers()) == 1  # the one it started with
+
+
 @pytest.mark.parametrize("how", ["local", "direct", "shared"])
 def test_a_progress_bar_of_10_mb_without_a_newline_is_followed_and_read_whole(place: Place, how: str) -> None:
     if how == "shared":
@@ -341,6 +383,9 @@ class Written:
 
     def write(self, line: bytes) -> None:
         self.lines.append(json.loads(line))
+
+    def waiting(self) -> int:
+        return 0  # it reads all it is sent
 
 
 class Agent:

@@ -57,6 +57,7 @@ class Subscription:
         self.id = sub_id
         self.offsets = dict(offsets)
         self.queue: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
+        self.behind = False  # stopped by the shared connection for reading too slowly: subscribe again
 
     def __aiter__(self) -> AsyncIterator[dict[str, Any]]:
         return self._iterate()
@@ -65,6 +66,10 @@ class Subscription:
         while True:
             msg = await self.queue.get()
             if msg is None:
+                return
+            if msg.get("stream") == protocol.BEHIND:
+                self.behind = True
+                self.client._subs.pop(self.id, None)
                 return
             if "next_offset" in msg and msg.get("stream") in self.offsets:
                 self.offsets[msg["stream"]] = msg["next_offset"]
@@ -430,6 +435,8 @@ async def follow(
         finally:
             alive.cancel()
         offsets = dict(sub.offsets)
+        if sub.behind:  # the link is fine: this reader fell behind, and reads the rest from where it stopped
+            continue
         why = client.closed_reason or "the stream stopped"
         await reconnect_and_say(client, notify, why, "resuming where the stream stopped")
 

@@ -35,7 +35,9 @@ from console.link import reuse
 from console.link.ssh import DEFAULT_PYTHON, SSHTransport
 from console.link.transport import OversizedLine, TransportError
 
-SESSION_BUFFER_LIMIT = 64 * 1024 * 1024  # a command this far behind (a paused `logs -f | less`) is let go
+# A command this far behind (a paused `logs -f | less`, a slow terminal under a 100 MB line) has its streams stopped
+# with protocol.BEHIND, to subscribe again from where it read; one behind on replies alone is let go.
+SESSION_BUFFER_LIMIT = 64 * 1024 * 1024
 
 
 class Session:
@@ -51,9 +53,10 @@ class Session:
         if self.closed or self.writer.is_closing():
             return
         self.writer.write(line)
-        if self.writer.transport.get_write_buffer_size() > SESSION_BUFFER_LIMIT:
-            reuse.log(f"a command read too slowly ({SESSION_BUFFER_LIMIT} bytes waiting); let it go")
-            self.close()
+
+    def waiting(self) -> int:
+        """Bytes written to the command that it has not read yet."""
+        return 0 if self.closed else self.writer.transport.get_write_buffer_size()
 
     def close(self) -> None:
         self.closed = True
@@ -149,6 +152,9 @@ class Multiplexer:
             line = line[: reply.start(1)] + json.dumps(own_id).encode() + line[reply.end(1) :]
         if session is not None:
             session.write(line)
+            if session.waiting() > SESSION_BUFFER_LIMIT:
+                reuse.log(f"a command read its replies too slowly ({session.waiting()} bytes waiting); let it go")
+                session.close()
 
     def route_stream(self, sub: int, end: bool, line: bytes) -> None:
         owner = self.owners.get(sub)
@@ -160,6 +166,19 @@ class Multiplexer:
         if end:
             self.owners.pop(sub, None)
             owner.subs.discard(sub)
+        elif owner.waiting() > SESSION_BUFFER_LIMIT:
+            self.stop_streams(owner)
+
+    def stop_streams(self, session: Session) -> None:
+        """Stop the streams of a command that reads too slowly: what it has not been sent it reads again from the
+        run's files, where it subscribes again, instead of this process holding it."""
+        waiting = session.waiting()
+        reuse.log(f"a command read its streams too slowly ({waiting} bytes waiting); stopped them for it to resume")
+        for sub in session.subs:
+            self.owners.pop(sub, None)
+            self.unsubscribe(sub)
+            session.write(protocol.encode(protocol.behind_message(sub, waiting)))
+        session.subs.clear()
 
     def subscribed(self, session: Session, sub: int) -> None:
         if session.closed:
