@@ -57,6 +57,7 @@ from backends.protocol import (
     UnsubscribeResult,
 )
 from backends.runs import control as runctl
+from backends.runs import index as runindex
 from backends.runs import job, once
 from backends.runs.store import (
     DEFAULT_WORKDIR,
@@ -145,6 +146,17 @@ def tail_offset(path: Path, lines: int) -> int:
 
 
 @dataclass
+class RunsPage:
+    """What a look at the runs found: the runs to show, how many did not fit in a reply, how many ended runs the
+    store holds, and how many of them were not asked for."""
+
+    runs: list[RunInfo]
+    omitted: int
+    ended_total: int
+    hidden: int
+
+
+@dataclass
 class Subscription:
     id: int
     run: RunDir | None
@@ -200,11 +212,12 @@ class Agent:
     def gpu_error(self) -> str | None:
         return self.sampler.fallback_reason or self.sampler.last_error
 
-    def sample_gpus(self) -> list[GpuInfo]:
-        """Every GPU, each process with its run; a live run none of whose processes NVML lists (its pids are the
-        host's, inside a container) placed by its CUDA_VISIBLE_DEVICES, flagged as inferred. free-gpus samples
-        without this: it acts only on processes proven ours."""
-        self._owners = runctl.owner_lookup(self.store)
+    def sample_gpus(self, live: list[RunDir] | None = None) -> list[GpuInfo]:
+        """Every GPU, each process with its run (of `live`, when the caller knows which runs are: else of the store's
+        every run); a live run none of whose processes NVML lists (its pids are the host's, inside a container)
+        placed by its CUDA_VISIBLE_DEVICES, flagged as inferred. free-gpus samples without this: it acts only on
+        processes proven ours."""
+        self._owners = runctl.owner_lookup(self.store, live)
         gpus = self.sampler.sample()
         infer_by_visible_devices(gpus, self._owners.values(), self._visible_devices, self.sampler.uuids)
         return gpus
@@ -293,19 +306,45 @@ class Agent:
             "python": sys.version.split()[0],
         }
 
-    def _runs(self) -> tuple[list[RunInfo], int]:
-        """Every run, each field within its bound, as many as fit in one reply; and how many did not fit."""
+    def _info(self, run: RunDir) -> RunInfo:
+        try:
+            info = run.info()
+        except Exception as exc:  # whatever one run's files hold costs that run's row, never the status
+            info = run.corrupt_info("?", f"cannot be read ({type(exc).__name__}: {exc})")
+        self._noticed(run, info["state"])
+        return info
+
+    def _runs(self, ended: int | None = None, page: int = 1) -> RunsPage:
+        """Every live run and, of the ended ones (newest ended first), page `page` of `ended` runs (None: all), each
+        field within its bound, as many as fit in one reply. Only the runs shown are read: the index
+        (`backends.runs.index`) knows which runs ended for good, and when."""
+        if (ended is not None and ended < 0) or page < 1:
+            raise runctl.OpError("bad_args", "a page of ended runs is 0 runs or more, from page 1")
+        look = runindex.look(self.store)
         infos: list[RunInfo] = []
-        for run in self.store.all():
+        derived: dict[str, RunInfo] = {}  # the ended runs derived in this look
+        loose: list[tuple[float, str]] = []  # of them, those not settled
+        for run in list(look.unsettled):
             if run.being_created():
                 continue
-            try:
-                info = run.info()
-            except Exception as exc:  # whatever one run's files hold costs that run's row, never the status
-                info = run.corrupt_info("?", f"cannot be read ({type(exc).__name__}: {exc})")
-            self._noticed(run, info["state"])
-            infos.append(bounded_info(info))
-        return within_budget(infos)
+            info = self._info(run)
+            if info["state"] not in TERMINAL_STATES:
+                infos.append(info)
+                continue
+            derived[run.id] = info
+            if not look.settle(run, info):
+                loose.append((runindex.ended_time(run, info), run.id))
+        # Of the ended runs, newest ended first: the page asked for, read from its runs' folders.
+        last = None if ended is None else page * ended
+        ending = sorted([*look.newest(last), *loose], reverse=True)
+        shown = ending if ended is None else ending[(page - 1) * ended : page * ended]
+        for _, run_id in shown:
+            infos.append(derived.get(run_id) or self._info(RunDir(self.store.runs / run_id)))
+        look.save()
+        infos.sort(key=lambda info: info["id"])
+        runs, omitted = within_budget([bounded_info(info) for info in infos])
+        total = look.count() + len(loose)
+        return RunsPage(runs, omitted, total, total - len(shown))
 
     @contextlib.asynccontextmanager
     async def _paced_look(self) -> AsyncIterator[None]:
@@ -318,23 +357,26 @@ class Agent:
             finally:
                 self._next_look_at = time.monotonic() + MIN_INTERVAL_S
 
-    async def op_status(self, gpus: bool) -> StatusResult:
+    async def op_status(self, gpus: bool, ended: int | None, page: int) -> StatusResult:
         async with self._paced_look():
-            runs, omitted = self._runs()
-            gpu_list = await asyncio.to_thread(self.sample_gpus) if gpus else []
+            found = self._runs(ended, page)
+            live = [RunDir(self.store.runs / run["id"]) for run in found.runs if run["state"] not in TERMINAL_STATES]
+            gpu_list = await asyncio.to_thread(self.sample_gpus, live) if gpus else []
         return {
             "host": socket.gethostname(),
             "gpu_source": self.sampler.source if gpus else "none",
             "gpu_error": self.gpu_error() if gpus else None,
-            "runs": runs,
+            "runs": found.runs,
             "gpus": gpu_list,
-            "omitted": omitted,
+            "omitted": found.omitted,
+            "ended_total": found.ended_total,
+            "hidden": found.hidden,
         }
 
     async def op_list_runs(self) -> RunsResult:
         async with self._paced_look():
-            runs, omitted = self._runs()
-        return {"runs": runs, "omitted": omitted}
+            found = self._runs()
+        return {"runs": found.runs, "omitted": found.omitted}
 
     async def op_run_info(self, run: str) -> RunInfo:
         """One run whole: every field that `status` cuts to keep its reply bounded."""

@@ -393,7 +393,13 @@ class GpuInfo(_GpuInferred):
     processes: list[GpuProcess]
 
 
-class StatusResult(TypedDict):
+class _StatusPage(TypedDict, total=False):
+    # What a status of one page of ended runs (its `ended` and `page`) left out; absent from older agents' replies
+    ended_total: int  # the ended runs the store holds, shown or not
+    hidden: int  # of them, those not asked for: older (or newer) than the page
+
+
+class StatusResult(_StatusPage):
     host: str
     gpu_source: GpuSourceName
     gpu_error: str | None  # why the source is not NVML, or what the last sample could not read
@@ -618,7 +624,8 @@ _OPT_INT: tuple[type, ...] = (int, type(None))
 
 OPS: dict[str, _ArgSpec] = {
     "hello": {},
-    "status": {"gpus": (_BOOL, False, True)},
+    # Every live run, and of the ended ones (newest ended first) page `page` of `ended` runs; ended None: all of them
+    "status": {"gpus": (_BOOL, False, True), "ended": (_OPT_INT, False, None), "page": (_INT, False, 1)},
     "list_runs": {},
     "run_info": {"run": (_STR, True, None)},
     "launch": {

@@ -401,6 +401,12 @@ def gpus_table(gpus: Sequence[GpuInfo]) -> str:
     return table(["GPU", "NAME", "UTIL", "MEMORY", "TEMP", "POWER", "PROCESSES"], rows)
 
 
+def hidden_line(hidden: int) -> str:
+    """The ended runs a status left out (it asked for a page of them), and how to see them."""
+    runs = "run" if hidden == 1 else "runs"
+    return f"{hidden:,} more ended {runs} not shown: `status --all` lists every run, `status --page 2` the next page"
+
+
 def status_text(status: Mapping[str, Any]) -> str:
     parts = [f"host {status['host']}"]
     parts.append(runs_table(status["runs"], status.get("gpus")) if status["runs"] else "no runs yet")
@@ -412,6 +418,8 @@ def status_text(status: Mapping[str, Any]) -> str:
         parts.append(f"cut to keep this reply small: {', '.join(cut)}; `status RUN` shows a run whole")
     if status.get("omitted"):
         parts.append(f"{status['omitted']} older runs not shown, to keep this reply small; `status RUN` shows any run")
+    if status.get("hidden"):
+        parts.append(hidden_line(status["hidden"]))
     if status["gpus"]:
         parts.append(f"GPUs (via {status['gpu_source']})\n" + gpus_table(status["gpus"]))
     else:

@@ -136,7 +136,7 @@ async def test_the_agent_that_finds_a_run_lost_records_it_once(tmp_path: Path) -
     run = ended_run(workdir, [])
     assert run.info()["state"] == "lost" and lost_records(run) == []  # a look records nothing
     looks: list[Callable[[Agent], Any]] = [
-        lambda agent: agent.op_status(gpus=False),
+        lambda agent: agent.op_status(gpus=False, ended=None, page=1),
         lambda agent: agent.op_run_info(run.id),
         lambda agent: agent.op_logs(run.id, offset=None, tail=None, max_bytes=1024),
     ]

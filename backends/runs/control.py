@@ -15,7 +15,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Collection, Iterator
+from collections.abc import Collection, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -322,10 +322,11 @@ def relaunch(
     return result
 
 
-def owner_lookup(store: RunStore) -> dict[int, str]:
-    """pid of each live run child -> run id, to attribute GPU processes to runs."""
+def owner_lookup(store: RunStore, runs: Iterable[RunDir] | None = None) -> dict[int, str]:
+    """pid of each live run child -> run id, to attribute GPU processes to runs: of `runs` (those a look found
+    live), else of the store's every run."""
     owners: dict[int, str] = {}
-    for run in store.all():
+    for run in store.all() if runs is None else runs:
         if _exit_written(run):
             continue
         child = run.child()

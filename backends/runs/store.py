@@ -11,6 +11,8 @@
         supervisor.log the supervisor's own errors, if any
     WORKDIR/launches/<launch-id>   the agent that claimed a launch of the console's, then the run it made
                                    (`backends.runs.once`: a launch asked again returns that run)
+    WORKDIR/index.json             which runs ended for good, and when: a cache that `status` reads so that it
+                                   need not read every run (`backends.runs.index`), rebuilt from runs/
 
 Everything the agent reports is derived from these files plus a check of
 whether the recorded processes are still the same processes.
@@ -83,6 +85,7 @@ BENCH = "bench.jsonl"  # a serve run's bench results (backends.bench), one JSON 
 BENCH_TAIL = 64 * 1024  # the end of bench.jsonl a status poll reads
 RUNS = "runs"  # in WORKDIR: one folder per run, named by its id
 LAUNCHES = "launches"  # in WORKDIR, beside runs/: one small file per launch id
+INDEX = "index.json"  # in WORKDIR, beside runs/: the settled runs (`backends.runs.index`)
 # Room reserved at launch for the records that must survive a disk that fills while the run runs:
 # the child's identity and its exit (`Reserved`; they lie as .NAME.reserved until used).
 RESERVED = (PROC, EXIT)

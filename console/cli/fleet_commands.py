@@ -85,7 +85,7 @@ def code(fleet: Fleet) -> int:
 async def cmd_status(fleet: Fleet, ns: argparse.Namespace, tail: list[str]) -> int:
     if fleet.alone is not None:
         return await output.cmd_status(fleet.alone, ns, tail)
-    answers = await fleet.each(lambda client: client.status())
+    answers = await fleet.each(lambda client: client.status(ended=None if ns.all else ns.limit, page=ns.page))
     found = jobs.gather((m.name, result["runs"]) for m, result in zip(fleet.members, answers, strict=True) if result)
     down = {m.name: m.error_at for m in fleet.members if m.error_at is not None}
     if ns.json:

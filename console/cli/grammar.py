@@ -9,11 +9,11 @@ from __future__ import annotations
 import argparse
 import importlib
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
-from typing import Literal, NoReturn
+from typing import Any, Literal, NoReturn, cast
 
 import backends
 from backends.protocol import MIN_INTERVAL_S, RUN_KINDS, SIGNAL_NAMES, parse_source
@@ -163,10 +163,57 @@ def command(
     return grammar
 
 
-@command("status", "runs and GPUs; with RUN, that run whole")
+ENDED_SHOWN = 20  # the ended runs `status` shows besides the live ones, the newest ended first
+
+
+class EveryRun(argparse._StoreTrueAction):
+    """`status --all`, which pages nothing: refused beside --page, in either order."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: str | Sequence[Any] | None,
+        option_string: str | None = None,
+    ) -> None:
+        if getattr(namespace, "page", 1) != 1:
+            parser.error("--all lists every run on one page; leave out --page")
+        super().__call__(parser, namespace, values, option_string)
+
+
+class Page(argparse._StoreAction):
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: str | Sequence[Any] | None,
+        option_string: str | None = None,
+    ) -> None:
+        if getattr(namespace, "all", False) and cast(object, values) != 1:  # `positive` made it an int
+            parser.error("--all lists every run on one page; leave out --page")
+        super().__call__(parser, namespace, values, option_string)
+
+
+@command(
+    "status",
+    "runs and GPUs; with RUN, that run whole",
+    description="The live runs, the most recently ended ones and the GPUs; --all or --page for the older ended runs.",
+)
 def status(p: Parser) -> None:
     run_argument(p, nargs="?", help="one run, every field whole (the runs table cuts large ones)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
+    shown = p.add_mutually_exclusive_group()
+    shown.add_argument("--all", action=EveryRun, help="every run, however many ended")
+    shown.add_argument(
+        "--limit",
+        type=positive,
+        default=ENDED_SHOWN,
+        metavar="N",
+        help=f"ended runs shown, the newest ended first (default {ENDED_SHOWN}); live runs are always shown",
+    )
+    p.add_argument(
+        "--page", type=positive, default=1, action=Page, metavar="P", help="page P of the ended runs: 2 is the next N"
+    )
 
 
 @command("launch", "start a run: launch KIND [options] -- ARGV...", tail="argv")

@@ -64,7 +64,7 @@ async def cmd_status(client: AgentOps, ns: argparse.Namespace, _: list[str]) -> 
         run = await client.run_info(ns.run)
         dump(run) if ns.json else out("\n".join([render.run_text(run), *render.bench_lines(run.get("bench"))]))
         return EXIT_OK
-    status = await client.status()
+    status = await client.status(ended=None if ns.all else ns.limit, page=ns.page)
     if ns.json:
         dump(status)
     else:

@@ -209,8 +209,11 @@ class AgentOps(abc.ABC):
     async def hello(self) -> HelloResult:
         return cast(HelloResult, await self.request("hello"))
 
-    async def status(self, *, gpus: bool = True) -> StatusResult:
-        return cast(StatusResult, await self.request("status", gpus=gpus))
+    async def status(self, *, gpus: bool = True, ended: int | None = None, page: int = 1) -> StatusResult:
+        """Every live run, and of the ended ones (newest ended first) page `page` of `ended` runs (None: all)."""
+        # Sent only when asked for: an agent of an older release refuses arguments it does not know.
+        paged = {"ended": ended, "page": page} if ended is not None else {}
+        return cast(StatusResult, await self.request("status", gpus=gpus, **paged))
 
     async def list_runs(self) -> RunsResult:
         return cast(RunsResult, await self.request("list_runs"))
