@@ -60,8 +60,7 @@ async def test_silence_is_the_hosts_figure_not_the_time_since_the_console_looked
         await until(pilot, lambda: "silent for " in detail(app), what="the silence")
         shown = detail(app)
         assert "over" not in shown
-        silent = int(shown.split("silent for ")[1].split(" s")[0])
-        assert 240 <= silent < 270, shown
+        assert "silent for 4 min\n" in shown, shown  # 240 s and a few: by the minute past two minutes
 
 
 async def test_the_header_counts_a_ready_server_as_ready(workdir: Path, nvml_state: Path) -> None:

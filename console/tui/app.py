@@ -128,7 +128,8 @@ class ConsoleApp(App[None]):
         register_themes(self)
         self.theme = self.starting_theme()
         self.query_one("#link").display = False
-        self.set_interval(1.0, self.show_selected)  # the live counters (silent for, the current phase) move
+        # The live counters (silent for, the current phase) move while the selected run lives; else it sleeps
+        self.ticker = self.set_interval(1.0, self.show_selected, pause=True)
         self.poll()
 
     def own_themes(self) -> list[str]:
@@ -369,6 +370,10 @@ class ConsoleApp(App[None]):
                 table.refill()
             self.update_facts(run)
         self.query_one(RunDetail).show(run, self.facts)
+        if run is not None and run["state"] not in TERMINAL_STATES:
+            self.ticker.resume()
+        else:
+            self.ticker.pause()
 
     def update_facts(self, run: RunInfo) -> None:
         """The followed run's facts as of now: its silence, its parent, the top frames of its stall."""

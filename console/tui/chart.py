@@ -2,8 +2,9 @@
 `plot.render_plot`, a picker for any series the run has, and `RunMetrics`, what the app keeps of each run's rows.
 
 A chart shows a spec: series names, where `acc_*` stands for every `acc_<k>` the run has. It redraws only when
-a series it shows got a point or its spec, toggles, runs or size changed, at most once per MIN_REDRAW_S and
-less often when a redraw costs more than DRAW_BUDGET of a core at that pace (many curves over a long history);
+a series it shows got a point or its spec, toggles, runs or size changed, at most once per MIN_REDRAW_S (once per
+STREAM_REDRAW_S for points streaming in) and less often when a redraw costs more than DRAW_BUDGET of a core at
+that pace (many curves over a long history);
 the lines drawn are kept for the same inputs, so Textual's other repaints cost nothing.
 """
 
@@ -37,6 +38,9 @@ from console.tui.plot import Mark, PlotSeries, PlotStyles, XKind, plot_area, ren
 
 ChartSpec = tuple[str, ...]
 MIN_REDRAW_S = 0.1  # at most 10 redraws a second
+# Points arriving: a curve moves by a hair a row, and a redraw of both charts was a fifth of the console's work
+# while it followed a run; every other beat keeps them live to the eye (the log, under them, moves at each beat)
+STREAM_REDRAW_S = 2.0
 DRAW_BUDGET = 0.005  # the share of a core one chart's redraws may take while rows stream in
 MIN_ROWS = 9  # a chart shorter than this is hard to read: the panel stacks its charts only above twice this
 MIN_COLUMNS = 36  # ... and puts them side by side only above twice this; else it shows the current one alone
@@ -177,13 +181,17 @@ class MetricChart(Widget, can_focus=True):
     def touch(self, names: set[str]) -> None:
         """Series that got points: a redraw if it shows one of them."""
         if any(expand(self.spec, names)):
-            self.changed()
+            self.changed(STREAM_REDRAW_S)
 
-    def changed(self) -> None:
-        """What it shows changed: redraw, at most once per MIN_REDRAW_S (or per DRAW_BUDGET of its cost)."""
+    def changed(self, gap: float = MIN_REDRAW_S) -> None:
+        """What it shows changed: redraw, at most once per `gap` (or per DRAW_BUDGET of its cost); a change of the
+        person's (a toggle, a pick) does not wait behind a redraw planned for streaming points."""
         self._version += 1
+        if self._timer is not None and gap < STREAM_REDRAW_S:
+            self._timer.stop()
+            self._timer = None
         if self._timer is None and self.is_mounted:
-            delay = until_beat(self._last_redraw + max(MIN_REDRAW_S, self._draw_s / DRAW_BUDGET))
+            delay = until_beat(self._last_redraw + max(gap, self._draw_s / DRAW_BUDGET))
             if delay > 0:
                 self._timer = self.set_timer(delay, self._redraw)
             else:
@@ -207,7 +215,8 @@ class MetricChart(Widget, can_focus=True):
             lines = Segment.split_and_crop_lines(
                 self._text.render(self.app.console), width, pad=True, include_new_lines=False
             )
-            self._lines = [Strip(Segment.apply_style(line, self.rich_style), width) for line in lines]
+            style = self.rich_style  # once: it walks the widget's ancestors
+            self._lines = [Strip(Segment.apply_style(line, style), width) for line in lines]
             self._draw_s = time.perf_counter() - start
         return self._text
 

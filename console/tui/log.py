@@ -46,6 +46,8 @@ COPIED = "(OSC 52: your terminal must allow it)"
 SHOWN_BYTES = 16 * 1024  # of one line (SGLang's server_args line, a few KB, stays whole); `logs` has it all
 PROGRESS_BYTES = 1024  # kept of the end of the line being written, for the progress bar under the log
 CUT = "…"
+DROP_FRACTION = 10  # the oldest lines go a tenth of max_lines at a time: rows keep their places in between
+DRAWN_ROWS = 200  # rows kept as drawn: a few views' worth
 
 
 def log_text(line: str) -> Text:
@@ -239,6 +241,10 @@ class TailLog(ScrollView, can_focus=True):
         self.pending: list[str] = []  # lines added, not drawn yet
         self._row_style: tuple[object, Style] = (None, Style())
         self.flush_timer: Timer | None = None
+        # The rows as last drawn, by row, for one (scroll_x, width, style): a scroll to the tail draws every row in
+        # view again, and most of them were drawn already. Forgotten when rows move (see `moved`).
+        self.drawn: dict[int, Strip] = {}
+        self.drawn_for: tuple[int, int, Style] | None = None
 
     def on_mount(self) -> None:
         self.watch(self.app, "theme", self.theme_changed, init=False)
@@ -268,7 +274,7 @@ class TailLog(ScrollView, can_focus=True):
         dropped_rows = 0
         for line in pending:
             dropped_rows += self.append(line)
-        self.virtual_size = Size(self.widest, len(self.lines))
+        self.grow(Size(self.widest, len(self.lines)))
         self.show_bars()
         if self.following:
             # force: Textual drops a scroll made before layout has granted the scrollbar (a flake seen in CI)
@@ -276,6 +282,16 @@ class TailLog(ScrollView, can_focus=True):
         elif dropped_rows:  # the person is reading: what they read stays where it was
             self.scroll_to(y=self.scroll_y - dropped_rows, animate=False, immediate=True)
         self.refresh()
+
+    def grow(self, size: Size) -> None:
+        """The rows' new extent. Setting `virtual_size` lays the whole screen out again, twice a second while a run
+        writes (a fifth of the console's work following a run); when only the rows' count changed the log's own
+        scrollbars are brought up to date instead: nothing else on the screen moves."""
+        if size.width != self.virtual_size.width:
+            self.virtual_size = size
+        elif size != self.virtual_size:
+            self.set_reactive(TailLog.virtual_size, size)
+            self._scroll_update(size)
 
     def append(self, line: str) -> int:
         """One line into the rows; returns how many rows fell off the top to make room."""
@@ -289,15 +305,20 @@ class TailLog(ScrollView, can_focus=True):
         self.heights.append(len(rows))
         self.lines.extend(rows)
         self.widest = max(self.widest, *(row.cell_length for row in rows))
-        return self.drop_oldest() if len(self.kept) > self.max_lines else 0
+        if len(self.kept) <= self.max_lines + self.max_lines // DROP_FRACTION:
+            return 0
+        return self.drop_oldest(len(self.kept) - self.max_lines)
 
-    def drop_oldest(self) -> int:
-        """The oldest line goes (and its matches); returns how many rows it took."""
-        self.kept.popleft()
-        height = self.heights.popleft()
+    def drop_oldest(self, count: int) -> int:
+        """The oldest `count` lines go (and their matches); returns how many rows they took."""
+        self.moved()
+        height = 0
+        for _ in range(count):
+            self.kept.popleft()
+            height += self.heights.popleft()
         gone = self.lines[:height]
         del self.lines[:height]
-        self.dropped += 1
+        self.dropped += count
         if any(row.cell_length >= self.widest for row in gone):
             self.widest = max((row.cell_length for row in self.lines), default=0)
         if self.search is not None:
@@ -308,6 +329,10 @@ class TailLog(ScrollView, can_focus=True):
                 self.restyle({search.at} if search.at is not None else set())
             self.border_title = search.status()
         return height
+
+    def moved(self) -> None:
+        """Rows changed or took other places: none drawn before is drawn the same again."""
+        self.drawn.clear()
 
     @property
     def following(self) -> bool:
@@ -347,6 +372,7 @@ class TailLog(ScrollView, can_focus=True):
             if self.dropped + index in wanted:
                 self.lines[row : row + height] = self.rows_of(line, self.dropped + index)
             row += height
+        self.moved()
         self.refresh()
 
     def rewrite(self) -> None:
@@ -354,6 +380,7 @@ class TailLog(ScrollView, can_focus=True):
         line at the top, or the tail."""
         top = self.line_at(round(self.scroll_y))
         self.wrapped_at = self.scrollable_content_region.width or WRAP_WIDTH
+        self.moved()
         self.lines, self.heights = [], deque()
         for index, line in enumerate(self.kept):
             rows = self.rows_of(line, self.dropped + index)
@@ -377,6 +404,7 @@ class TailLog(ScrollView, can_focus=True):
         self.kept.clear()
         self.heights.clear()
         self.lines = []
+        self.moved()
         self.dropped = self.widest = 0
         self.tail = True
         self.search = None
@@ -539,16 +567,23 @@ class TailLog(ScrollView, can_focus=True):
         style = self.row_style()
         if row >= len(self.lines):
             return Strip.blank(width, style)
+        selection = self.text_selection
+        span = selection.get_span(row) if selection is not None else None
+        if span is None and self.drawn_for == (scroll_x, width, style) and (drawn := self.drawn.get(row)):
+            return drawn
         # A copy of the kept row to draw from: Strip caches each crop, offset and style it makes on itself, and
         # a kept row is drawn at a new offset every time a line arrives, so those caches on the 5,000 kept rows
         # were most of what the console's memory grew by. The copy's caches go with the frame.
         kept = self.lines[row]
         strip = Strip(iter(kept), kept.cell_length)
-        selection = self.text_selection
-        if selection is not None and (span := selection.get_span(row)) is not None:
+        if span is not None:
             strip = self.selected(strip, span)
-        strip = strip.crop_extend(scroll_x, scroll_x + width, style).apply_offsets(scroll_x, row)
-        return strip.apply_style(style)
+        strip = strip.crop_extend(scroll_x, scroll_x + width, style).apply_offsets(scroll_x, row).apply_style(style)
+        if span is None:
+            if self.drawn_for != (scroll_x, width, style) or len(self.drawn) > DRAWN_ROWS:
+                self.drawn, self.drawn_for = {}, (scroll_x, width, style)
+            self.drawn[row] = strip
+        return strip
 
     def row_style(self) -> Style:
         """The log's own style, looked up once per theme and focus rather than for every row drawn (the lookup

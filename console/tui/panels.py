@@ -155,6 +155,10 @@ def cut(cell: Text, width: int, keep_tail: bool = False) -> Text:
     return cell[: width - 1] + Text("…")
 
 
+def keys_of(lines: Sequence[tuple[str, object]]) -> list[str]:
+    return [key for key, _ in lines]
+
+
 class RunsTable(DataTable[Any]):
     """One row per run: stalled and failed runs first, then the others, newest last; the columns fit the width
     there is; the cursor stays on the same run across refreshes."""
@@ -167,6 +171,7 @@ class RunsTable(DataTable[Any]):
     expanded: frozenset[str] = frozenset()  # jobs shown with their nodes' runs under their line
     drawn: Sequence[tuple[str, RunInfo | jobs.Job]] = ()  # the rows of the last refill, by key (see `lines`)
     filled: tuple[list[list[Text]], dict[str, int]] = ([], {})
+    keyed: tuple[list[str], tuple[str, ...]] = ([], ())  # the rows' keys and the columns as last filled
 
     def on_mount(self) -> None:
         self.cursor_type = "row"
@@ -241,7 +246,16 @@ class RunsTable(DataTable[Any]):
         widths = fit_columns(self.scrollable_content_region.width or self.size.width, rows, columns)
         if (rows, widths) == self.filled:  # the same table: filling it again would cost a whole repaint
             return
-        self.filled = (rows, widths)
+        before, self.filled = self.filled, (rows, widths)
+        if widths == before[1] and (keys_of(lines), columns) == self.keyed:
+            # The same rows and columns, some cells changed (a training's step, every poll): those cells alone are
+            # drawn again, where a refill cleared the table and laid the whole screen out again
+            for (key, _item), row, old in zip(lines, rows, before[0], strict=True):
+                for name, cell, was in zip(columns, row, old, strict=True):
+                    if cell != was and name in widths:
+                        self.update_cell(key, name, cut(cell, widths[name], keep_tail=name == "RUN"))
+            return
+        self.keyed = (keys_of(lines), columns)
         self.clear(columns=True)
         for name, width in widths.items():
             self.add_column(name, width=width, key=name)
@@ -305,18 +319,33 @@ def health_styles(theme: Theme | None) -> dict[str, str]:
     return {"ok": colours.success, "http": colours.warning, "refused": colours.error, "error": f"bold {colours.error}"}
 
 
+def silence_text(silent_s: float) -> str:
+    """`83 s`, then `12 min`, then `2 h 05 min`: by the second while a second tells something; past two minutes the
+    panel is drawn again once a minute, not every second, for as long as the run stays silent (days, at times)."""
+    if silent_s < 120:
+        return f"{silent_s:.0f} s"
+    if silent_s < 3600:
+        return f"{int(silent_s // 60)} min"
+    return f"{int(silent_s // 3600)} h {int(silent_s % 3600 // 60):02d} min"
+
+
 class RunDetail(Static):
     """The selected run: state, phase, health while it lives, its startup timeline and health history, a stall
     with its top frames and what to try, failures explained, the run it replaced, the command."""
 
     shown: Text | None = None
+    height: int = 0  # of the text shown, wrapped at its width
 
     def show(self, run: RunInfo | None, facts: RunFacts | None = None) -> None:
         width = self.content_region.width or DETAIL_WIDTH
         text = detail_text(run, facts, time.time(), width, health_styles(self.app.current_theme))
-        if text != self.shown:  # an update lays the whole screen out again: only when something changed
+        if text != self.shown:  # only when something changed
             self.shown = text
-            self.update(text)
+            # The screen is laid out again only when the panel's height changes: a counter that moves costs a
+            # redraw of the panel alone
+            height = len(text.wrap(self.app.console, width))
+            self.update(text, layout=height != self.height)
+            self.height = height
 
 
 def ended_text(run: Mapping[str, Any]) -> str:
@@ -377,7 +406,7 @@ def detail_text(
     if alive and run.get("health"):
         status += f"  health {run['health']}"  # a dead server answers nothing: its last answer is not shown
     if alive and run["state"] != "ready" and facts.silent_s is not None and facts.silent_s >= SILENT_SHOWN_S:
-        status += f"  silent for {facts.silent_s:.0f} s"
+        status += f"  silent for {silence_text(facts.silent_s)}"
     text.append("\n" + printable(status) + "\n")
     if facts.job:
         text.append(hanging(facts.job, width), style="bold")

@@ -1,0 +1,120 @@
+"""What the console holds stays bounded however long it stays open, and it draws nothing while nothing moves: the
+log keeps its lines and no drawing of them (Textual cached each crop, offset and style made of a row, on the row),
+the runs table changes the cells that changed, and a silence long past reads by the minute. All of it on real
+Textual widgets under its pilot; the metric store's own bound is in test_metric_store."""
+
+from __future__ import annotations
+
+import gc
+import tracemalloc
+from typing import ClassVar
+
+from rich.text import Text
+from textual.app import App, ComposeResult
+
+from console.tui.log import DRAWN_ROWS, TailLog
+from console.tui.panels import RunFacts, RunsTable, detail_text, silence_text
+
+LINE = "step {} | loss 2.9118 | acc_0 0.77 acc_1 0.70 acc_2 0.64"
+KEPT = 1000
+
+
+class LogApp(App[None]):
+    def compose(self) -> ComposeResult:
+        yield TailLog(max_lines=KEPT)
+
+
+async def test_the_log_keeps_its_lines_and_no_drawing_of_each_as_rows_move_under_the_view() -> None:
+    app = LogApp()
+    async with app.run_test(size=(100, 30)) as pilot:
+        log = app.query_one(TailLog)
+        for i in range(KEPT):
+            log.add(LINE.format(i))
+        log.flush()
+        await pilot.pause()
+        height = log.scrollable_content_region.height
+        gc.collect()
+        tracemalloc.start()
+        try:
+            before = tracemalloc.get_traced_memory()[0]
+            arrived = KEPT
+            for _ in range(6):  # lines arrive, the oldest go, every row is drawn where it now is
+                for _ in range(KEPT // 8):
+                    log.add(LINE.format(arrived))
+                    arrived += 1
+                log.flush()
+                for top in range(0, len(log.lines), height):
+                    log.scroll_to(y=top, animate=False, immediate=True)
+                    rows = [log.render_line(y).text for y in range(height)]
+                    assert rows[0].startswith("step "), rows
+            gc.collect()
+            grown = tracemalloc.get_traced_memory()[0] - before
+        finally:
+            tracemalloc.stop()
+        assert KEPT <= len(log.kept) <= KEPT * 1.1  # the oldest go by tenths
+        assert len(log.drawn) <= DRAWN_ROWS
+        # 750 more lines than it holds, every row drawn 6 times at moving places: what it holds grew by the tenth
+        # of lines over KEPT and the rows drawn last (1.6 MB), where the drawings Textual cached on each row took
+        # 2.4 MB
+        assert grown < 2_000_000, grown
+
+
+class TableApp(App[None]):
+    CSS: ClassVar[str] = "RunsTable { height: auto; }"
+
+    def compose(self) -> ComposeResult:
+        yield RunsTable()
+
+
+def run(run_id: str, step: int) -> dict[str, object]:
+    return {
+        "id": run_id,
+        "name": "draft",
+        "kind": "train",
+        "state": "running",
+        "pid": 4021,
+        "argv": ["python", "train.py"],
+        "parent": None,
+        "phase": None,
+        "progress": {"step": step},
+    }
+
+
+async def test_a_step_that_moves_changes_its_cell_and_the_cursor_stays_on_its_run() -> None:
+    app = TableApp()
+    async with app.run_test(size=(120, 10)) as pilot:
+        table = app.query_one(RunsTable)
+        ids = ["20261204-223245-316-49e4", "20261204-223245-316-49e5"]
+        table.show([run(i, 10) for i in ids], [], {i: "step 10" for i in ids})  # type: ignore[misc]
+        table.move_cursor(row=0)
+        await pilot.pause()
+        cleared = 0
+        clear = table.clear
+
+        def counted(columns: bool = False) -> RunsTable:
+            nonlocal cleared
+            cleared += 1
+            return clear(columns)
+
+        table.clear = counted  # type: ignore[method-assign]
+        table.show([run(i, 20) for i in ids], [], {ids[0]: "step 20", ids[1]: "step 10"})  # type: ignore[misc]
+        await pilot.pause()
+        shown = [[str(cell) for cell in table.get_row_at(row)] for row in range(2)]
+        assert "step 20" in shown[0] and "step 10" in shown[1], shown
+        assert table.selected_run() == ids[0]
+        assert cleared == 0  # the two rows stayed: the table was not emptied and filled again
+
+
+def test_a_silence_reads_by_the_second_then_by_the_minute() -> None:
+    assert [silence_text(s) for s in (5.4, 83.0, 119.6, 120.0, 754.0, 3599.0, 7500.0)] == [
+        "5 s",
+        "83 s",
+        "120 s",
+        "2 min",
+        "12 min",
+        "59 min",
+        "2 h 05 min",
+    ]
+    facts = RunFacts(silent_s=754.0)
+    shown = detail_text(run("20261204-223245-316-49e4", 10), facts, width=80)
+    assert isinstance(shown, Text) and "silent for 12 min" in shown.plain
