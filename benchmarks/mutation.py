@@ -81,8 +81,28 @@ TARGETS: dict[str, Target] = {
     "store": Target(("backends/runs/store.py",), (RUNS, "tests/test_lost_runs.py")),
     "control": Target(
         ("backends/runs/control.py",),
-        (FAULTS, "tests/test_run_identity.py"),
         (
+            *(FAULTS, "tests/test_run_identity.py", "tests/test_jobs.py", "tests/test_launch_shapes.py"),
+            # the pre-launch gate (doctor on the draft, SGLang's parser on a serve's flags) as launch and relaunch
+            # meet it: of the serve-flags tests, those through the agent; the others ask the parser alone
+            "tests/test_prelaunch_gate.py",
+            *(
+                f"tests/test_serve_flags.py::test_{name}"
+                for name in (
+                    "a_serve_launch_with_a_python_lacking_sglang_starts_nothing_and_says_what_to_do",
+                    "a_launch_with_a_flag_sglang_refuses_starts_nothing_unless_forced",
+                    "a_relaunch_onto_a_flag_sglang_refuses_is_refused_and_a_valid_one_goes_ahead",
+                    "a_dry_run_relaunch_shows_the_new_command_and_its_checks_and_stops_nothing",
+                    "a_launch_and_a_relaunch_with_a_deprecated_flag_show_sglangs_warning",
+                )
+            ),
+            "tests/test_stages.py::test_a_python_without_torch_is_refused_before_anything_starts",
+            "tests/test_cli.py::test_relaunch_sets_and_unsets_flags_and_links_parent",
+        ),
+        (
+            # doctor and convert alone: no launch
+            "tests/test_prelaunch_gate.py::test_doctor_and_convert_commands",
+            "tests/test_prelaunch_gate.py::test_doctor_command_over_the_agent_names_the_serving_python",
             "tests/test_run_identity.py::test_an_agent_over_ssh_whose_login_hands_it_a_runs_marker_sheds_it",
             # over the test sshd: its agent starts from a login environment, without mutmut
             "tests/test_run_identity.py::test_kill_ends_schedulers_that_renamed_themselves_after_their_launcher_exited[gpu-test]",
@@ -91,7 +111,15 @@ TARGETS: dict[str, Target] = {
             "tests/test_faults_processes.py::test_kill_and_relaunch_of_a_finished_run_never_hit_the_group_that_recycled_its_pid",
         ),
     ),
-    "supervise": Target(("backends/runs/supervise.py",), (FAULTS,)),
+    "supervise": Target(
+        ("backends/runs/supervise.py",),
+        (
+            FAULTS,
+            "tests/test_failure_reasons.py",
+            # the one of the metrics tests with a real supervisor (the others drive the follower alone)
+            "tests/test_metrics_sources.py::test_supervisor_turns_specforge_output_into_rows",
+        ),
+    ),
     "procinfo": Target(("backends/host/procinfo.py",), ("tests/test_procinfo.py", "tests/test_faults_records.py")),
     "freegpus": Target(
         ("backends/host/freegpus.py",),
