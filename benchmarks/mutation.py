@@ -23,6 +23,10 @@ job gathering they use in console/fleet/jobs.py, not the launch code beside them
 tests/test_mutation_kills_*.py out, for the score before them; `--again` runs the survivors of the last run again
 with them (killed mutants stay killed: adding tests cannot revive one).
 
+Two runs of different modules may go side by side (on 2 cores, `--max-children 1` each): mutmut's passes over
+all of a module's tests before its first mutant (stats, then clean) run one test at a time and leave a core idle
+for minutes, which the other run takes; each run adds its rows to the table as it ends.
+
 Prints a table per module: mutants, killed, survived (no test failed), no tests (no test reached it), timeout,
 other (mutmut's suspicious or segfault) and score = (killed + timeout) / mutants. Each module's survivors, with
 their diffs, are written to WORKDIR/MODULE/survivors.txt, the table to WORKDIR/results.json (a run of some modules
@@ -324,11 +328,11 @@ def run_module(name: str, root: Path, max_children: int, rerun: bool, sample: in
     if rc != 0:
         tail = log.read_bytes()[-3000:].decode(errors="replace").replace("\r", "\n").splitlines()[-15:]
         print(f"   mutmut exited {rc}; the end of {log}:", *tail, sep="\n   ", flush=True)
-    rows = []
-    for file, codes in results_of(work, target).items():
-        survivors = write_survivors(work, {f"{k}": v for k, v in codes.items()}, env)
-        rows.append(row(f"{name}:{file}" if len(target.files) > 1 else name, codes, seconds))
-        print(f"   {file}: {len(survivors)} survivors (diffs in {work / 'survivors.txt'})", flush=True)
+    results = results_of(work, target)
+    rows = [row(f"{name}:{file}" if len(target.files) > 1 else name, codes, seconds) for file, codes in results.items()]
+    # one file for all of the module's files: written per file, the last would leave the others' out
+    survivors = write_survivors(work, {k: v for codes in results.values() for k, v in codes.items()}, env)
+    print(f"   {len(survivors)} survivors (diffs in {work / 'survivors.txt'})", flush=True)
     kill_leftovers(tag)
     return rows
 
@@ -366,16 +370,19 @@ def main() -> None:
     root: Path = args.workdir.resolve()
     root.mkdir(parents=True, exist_ok=True)
     table_file = root / ("results-again.json" if args.again else "results.json")
-    table = json.loads(table_file.read_text()) if table_file.exists() else {}
+
+    def table() -> dict[str, dict[str, Any]]:
+        return json.loads(table_file.read_text()) if table_file.exists() else {}
+
     started = time.monotonic()
     for name in [] if args.table else modules:
-        for each in run_module(name, root, args.max_children, args.again, args.sample):
-            table[each["module"]] = each
-        table_file.write_text(json.dumps(table, indent=1))
+        rows = run_module(name, root, args.max_children, args.again, args.sample)
+        # read again as it is written: a run of other modules beside this one writes its rows meanwhile
+        table_file.write_text(json.dumps({**table(), **{each["module"]: each for each in rows}}, indent=1))
     if not args.table:
         print(f"\nmutation run of {', '.join(modules)}: {time.monotonic() - started:.0f} s wall\n")
     keys = ("module", "generated", "mutants", "killed", "survived", "no_tests", "timeout", "other", "score", "seconds")
-    print_table([[str(r.get(k, r["mutants"])) for k in keys] for r in table.values()], HEADERS)
+    print_table([[str(r.get(k, r["mutants"])) for k in keys] for r in table().values()], HEADERS)
 
 
 if __name__ == "__main__":
