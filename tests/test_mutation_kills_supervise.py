@@ -1,18 +1,22 @@
 """What benchmarks/mutation.sh found no test of in runs/supervise.py: what the supervisor records when it cannot
-start a run, what it says of a write it could not make, and how often it tells of processes that outlived the
-run's launcher. The real supervisor (`python -m backends.runs.supervise`, started as a launch starts it), real
-processes and files."""
+start a run, what it says of a write it could not make (and of a full disk, when a record goes through its
+reserved room), and how often it tells of processes that outlived the run's launcher. The real supervisor
+(`python -m backends.runs.supervise`, started as a launch starts it), real processes and files."""
 
 from __future__ import annotations
 
+import json
+import sys
 from pathlib import Path
 
 import pytest
 
 from backends.host import procinfo
 from backends.runs import control as runctl
-from backends.runs.store import EVENTS, RunDir, RunSpec, RunStore
+from backends.runs import supervise
+from backends.runs.store import EVENTS, PROC, RunDir, RunSpec, RunStore
 from tests.conftest import wait_for
+from tests.test_faults_processes import fill
 
 
 def supervised(workdir: Path, argv: list[str]) -> RunDir:
@@ -91,3 +95,39 @@ def test_an_ended_runs_watch_says_its_final_state(workdir: Path) -> None:
     wait_for(run.exit, 30, "exit.json")
     wait_for(lambda: supervisor_gone(run), 30, "the supervisor to end")
     assert run.watch().get("state") == "failed" == run.state()
+
+
+def test_a_record_written_through_its_reserved_room_says_the_disk_is_full_and_keeps_it_for_the_exit(
+    small_disk: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The supervisor's own record-keeping, in this process, on a real full tmpfs: what it prints goes to the run's
+    supervisor.log, and what it keeps of the full disk goes into exit.json's disk_full."""
+    run = RunStore(small_disk / "work").create(RunSpec(kind="command", argv=["true"]))
+    fill(small_disk)
+    supervisor = supervise.Supervisor(run)
+    record: dict[str, object] = {"supervisor": None, "child": None}
+    supervisor.record(PROC, record)
+    assert json.loads(run.file(PROC).read_text()) == record  # through the room kept for it
+    [said] = capsys.readouterr().err.splitlines()
+    assert said.startswith(f"supervise: no space left on tmpfs at {small_disk} (") and said.endswith(" bytes free)")
+    assert supervisor.disk_full == said.removeprefix("supervise: ")
+
+
+FAILS_THEN_TALKS = """
+import sys, traceback
+try:
+    raise ValueError("the draft has no lm_head")
+except ValueError:
+    traceback.print_exc()
+for shard in range(2000):  # 120 kB: more than the tail a reader reads afresh
+    print(f"releasing shard {shard:05d} " + "." * 40)
+sys.exit(1)
+"""
+
+
+def test_why_a_run_failed_is_what_its_watch_read_even_when_the_last_of_its_output_says_nothing(
+    workdir: Path,
+) -> None:
+    run = supervised(workdir, [sys.executable, "-c", FAILS_THEN_TALKS])
+    ended = wait_for(run.exit, 30, "exit.json")
+    assert ended["code"] == 1 and ended["reason"] == "ValueError: the draft has no lm_head"
