@@ -1,18 +1,29 @@
 """What benchmarks/mutation.sh found no test of in runs/control.py: what a relaunch answers of the run it
-replaced, and which run free-gpus attributes a GPU process to. The real run engine (launch, its supervisor,
-kill), real processes."""
+replaced, which run free-gpus attributes a GPU process to, the spec a launch's arguments make, the refusals of a
+launch (its code and line: arguments that make no sense, a stage's missing Python, the agent's files changed since
+it started, a disk that fills as the launch is recorded) and a kill refused for processes that became another
+user's. The real run engine (launch, its supervisor, kill), real processes."""
 
 from __future__ import annotations
 
+import copy
+import json
+import os
+import shutil
+import signal
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from backends import PACKAGE_ROOT, shipped
 from backends.host import procinfo
+from backends.protocol import OPS
 from backends.runs import control as runctl
-from backends.runs.store import RunDir, RunSpec, RunStore
+from backends.runs.store import RunDir, RunSpec, RunStore, StoreError
 from tests.conftest import wait_for
+from tests.test_faults_processes import fill
 
 SLEEP = [sys.executable, "-c", "import time; time.sleep(60)"]
 
@@ -53,3 +64,176 @@ def test_kill_records_its_signal_as_kills_and_an_ended_run_is_refused_as_not_run
         runctl.kill(run, "TERM", 10)
     assert refused.value.code == "not_running"
     assert refused.value.message == f"run {run.id} has no live process (state killed); nothing to kill"
+
+
+def launch_args(**given: Any) -> dict[str, Any]:
+    """A launch request's arguments as the agent receives them, less `force`: the protocol's defaults, then
+    `given`."""
+    base = {name: copy.deepcopy(default) for name, (_, _, default) in OPS["launch"].items() if name != "force"}
+    return {**base, "kind": "command", "argv": ["true"], **given}
+
+
+def test_a_launch_of_our_stage_records_its_interpreter_folder_name_and_our_package_on_its_path(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("PYTHONPATH", "/site/of/the/agent")
+    spec = runctl.checked_spec(
+        "/home/u", **launch_args(kind="train", module="backends.train", argv=["--steps", "1"], gpus=[0, 1], nproc=2)
+    )
+    assert spec.argv == [
+        sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", "-m", "backends.train", "--steps", "1",
+    ]  # fmt: skip
+    assert spec.env == {"PYTHONPATH": f"{PACKAGE_ROOT}{os.pathsep}/site/of/the/agent"}
+    assert (spec.name, spec.cwd, spec.gpus, spec.kind) == ("train", "/home/u", [0, 1], "train")
+    # The launch's own PYTHONPATH comes after our package, in place of the agent's.
+    own = runctl.checked_spec(
+        None, **launch_args(kind="extract", module="backends.extract", python="/opt/py", env={"PYTHONPATH": "/mine"})
+    )
+    assert own.argv[:3] == ["/opt/py", "-m", "backends.extract"]
+    assert own.env == {"PYTHONPATH": f"{PACKAGE_ROOT}{os.pathsep}/mine"}
+    monkeypatch.delenv("PYTHONPATH")
+    assert runctl.checked_spec(None, **launch_args(kind="train", module="backends.train")).env == {
+        "PYTHONPATH": str(PACKAGE_ROOT)
+    }
+
+
+def test_a_users_command_keeps_what_it_was_given_and_is_named_for_its_program() -> None:
+    given = launch_args(
+        argv=["/opt/tools/run.sh", "--fast"],
+        env={"A": "1"},
+        cwd="/srv",
+        gpus=[2],
+        health_url="http://127.0.0.1:1/health",
+        metrics_url="http://127.0.0.1:1/metrics",
+        stall_after=30.0,
+        launch_id="L1",
+    )
+    spec = runctl.checked_spec("/home/u", **given)
+    assert (spec.argv, spec.env, spec.name, spec.cwd, spec.gpus) == (
+        ["/opt/tools/run.sh", "--fast"], {"A": "1"}, "run.sh", "/srv", [2],
+    )  # fmt: skip
+    assert (spec.health_url, spec.metrics_url, spec.stall_after, spec.launch_id) == (
+        "http://127.0.0.1:1/health", "http://127.0.0.1:1/metrics", 30.0, "L1",
+    )  # fmt: skip
+    assert runctl.checked_spec(None, **{**given, "name": "mine"}).name == "mine"
+    assert runctl.checked_spec(None, **launch_args(kind="serve", argv=["sglang"])).name == "serve"
+
+
+@pytest.mark.parametrize(
+    ("given", "said"),
+    [
+        ({"argv": []}, "argv must be a non-empty list of strings"),
+        ({"gpus": ["x"]}, "gpus must be a list of GPU indices"),
+        ({"nproc": 2}, "nproc, python and rendezvous go with one of our modules (extract, train)"),
+        ({"python": "/opt/py"}, "nproc, python and rendezvous go with one of our modules (extract, train)"),
+        (
+            {"module": "backends.nothing"},
+            "module 'backends.nothing' is not one of ours: backends.extract, backends.train",
+        ),
+    ],
+)
+def test_a_launch_that_makes_no_sense_is_refused_as_bad_arguments_in_one_line(given: dict[str, Any], said: str) -> None:
+    with pytest.raises(runctl.OpError) as refused:
+        runctl.checked_spec(None, **launch_args(**given))
+    assert (refused.value.code, refused.value.message) == ("bad_args", said)
+
+
+def test_a_stage_whose_python_is_missing_is_refused_unless_forced(tmp_path: Path) -> None:
+    missing = str(tmp_path / "python9")
+    spec = RunSpec(kind="train", argv=[missing, "-m", "backends.train", "--steps", "1"])
+    with pytest.raises(runctl.OpError) as refused:
+        runctl.gate(spec, force=False)
+    assert refused.value.code == "python_unfit"
+    assert refused.value.message == (
+        f"{missing} is not a Python on the host: give --python PATH, the host's Python that has torch "
+        "(pip install 'eagle3-console[train]' into it)"
+    )
+    assert runctl.gate(spec, force=True) == {"flags": None, "doctor": None}
+
+
+def test_a_launch_after_the_agents_files_changed_starts_nothing_and_says_how_to_restore_them(
+    workdir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The record of a verified upload (what the launcher hands the agent) adopted for real, of a folder whose
+    one file is then removed."""
+    monkeypatch.setattr(shipped, "_verified", None)
+    top = tmp_path / "agent"
+    top.mkdir()
+    (top / "mod.py").write_text("")
+    st = (top / "mod.py").stat()
+    facts = [st.st_dev, st.st_ino, st.st_mode, st.st_uid, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
+    record = tmp_path / "verified.json"
+    record.write_text(json.dumps({"top": str(top), "entries": {"mod.py": ["0" * 64, *facts]}}))
+    shipped.adopt(os.open(record, os.O_RDONLY))
+    (top / "mod.py").unlink()
+    store = RunStore(workdir)
+    with pytest.raises(runctl.OpError) as refused:
+        runctl.launch(store, RunSpec(kind="command", argv=SLEEP))
+    assert refused.value.code == "agent_altered"
+    assert refused.value.message == (
+        "the agent's files on the host changed since it started (mod.py is missing); nothing was launched: connect "
+        "again and the console restores them (from the command line: --no-reuse)"
+    )
+    assert store.all() == []
+
+
+TURNS_NOBODY_ON_TERM = """
+import os, signal, time
+def turn_nobody(*_):
+    os.setgid(65534)
+    os.setuid(65534)
+signal.signal(signal.SIGTERM, turn_nobody)
+os.fork()
+print(os.getpid(), flush=True)
+while True:
+    time.sleep(1)
+"""
+
+
+def test_processes_that_became_another_users_during_the_grace_are_each_reported_refused_once(workdir: Path) -> None:
+    """Two processes of the run that turn into nobody's when told to stop (root's daemons drop privileges so): the
+    KILL after the grace is refused for each, since they are ours no more, and the kill says so of each, once."""
+    if os.geteuid() != 0:
+        pytest.skip("turning into another user needs root; CI runs as root")
+    store = RunStore(workdir)
+    run = launched(store, [sys.executable, "-c", TURNS_NOBODY_ON_TERM])
+
+    def both() -> list[int] | None:
+        printed = sorted(map(int, run.file("output.log").read_text().split()))
+        return printed if len(printed) == 2 else None
+
+    pids: list[int] = wait_for(both, 20, "both processes")
+    try:
+        killed = runctl.kill(run, "TERM", 1)
+        assert killed["escalated"]
+        assert sorted((r["pid"], r["reason"]) for r in killed["refused"]) == [
+            (pid, "belongs to user nobody") for pid in pids
+        ]
+        assert [(p["pid"], p["signals"], p["died"]) for p in killed["processes"]] == [
+            (pid, ["TERM"], False) for pid in pids
+        ]
+    finally:
+        for pid in pids:
+            os.kill(pid, signal.SIGKILL)
+
+
+def test_a_launch_whose_first_record_the_full_disk_refuses_starts_nothing_and_leaves_no_run(small_disk: Path) -> None:
+    """A real tmpfs with room for exactly one run folder as the store makes it: the run is made, and the disk is
+    full when its launch is recorded."""
+    store = RunStore(small_disk / "work")
+
+    def free() -> int:
+        return os.statvfs(small_disk).f_bavail * os.statvfs(small_disk).f_frsize
+
+    before = free()
+    made = store.create(RunSpec(kind="command", argv=SLEEP))
+    room = before - free()
+    shutil.rmtree(made.path)
+    filler = fill(small_disk)
+    os.truncate(filler, filler.stat().st_size - room)
+    with pytest.raises(StoreError) as refused:
+        runctl.launch(store, RunSpec(kind="command", argv=SLEEP))
+    said = str(refused.value)
+    assert said.startswith(f"no space left on tmpfs at {small_disk} (")
+    assert said.endswith(" bytes free): the run was not launched; free some space or choose another --workdir")
+    assert store.ids() == []
