@@ -10,11 +10,15 @@ uploaded over OpenSSH's sshd on 127.0.0.1 (tests/sshd.py) whose copy is edited w
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
+import signal
+import socket
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -22,6 +26,7 @@ import pytest
 import backends
 from backends import protocol
 from console.cli import grammar
+from console.link import reuse
 from console.link.agent_upload import backends_version
 from console.link.client import AgentClient
 from console.link.ssh import SSHTransport
@@ -90,6 +95,39 @@ def test_a_kept_help_whose_key_is_not_this_ones_is_not_shown(monkeypatch: pytest
     kept.write_text(f"{key.replace('columns=100', 'columns=99')}\nnot the help\n")
     shown = console("--help", env=env)
     assert shown.stdout == argparse_help(100, monkeypatch)
+
+
+def greets(folder: Path) -> bool:
+    """Whether a multiplexer answers on a socket of `folder`."""
+    for path in folder.glob("*.sock"):
+        with socket.socket(socket.AF_UNIX) as sock, contextlib.suppress(OSError):
+            sock.settimeout(1)
+            sock.connect(str(path))
+            return sock.recv(64).startswith(reuse.GREETING)
+    return False
+
+
+def test_a_status_through_the_hosts_multiplexer_imports_no_event_loop_shutil_socket_or_hashlib(
+    sshd: Sshd, tmp_path: Path
+) -> None:
+    """The second `status` of a host, answered through the multiplexer the first one left running, imports no event
+    loop, no shutil (argparse's width, with bz2 and lzma: asked of `instant.columns` instead), no socket.py (its
+    enums of every constant) and no hashlib (OpenSSL's library, for the socket's name)."""
+    runtime = Path(tempfile.mkdtemp(prefix="e3l", dir="/tmp"))  # a socket's path must fit in 108 bytes
+    env = {**sshd.env(), "XDG_RUNTIME_DIR": str(runtime), reuse.IDLE_ENV: "60"}
+    words = ("--workdir", str(tmp_path / "work"), ALIAS, "status")
+    try:
+        assert console(*words, env=env).returncode == 0
+        wait_for(lambda: greets(runtime / "eagle3-console"), what="the multiplexer to serve")
+        done = console(*words, env=env)
+        assert done.returncode == 0 and "no runs yet" in done.stdout, done.stderr
+        heavy = {"asyncio", "asyncssh", "shutil", "bz2", "lzma", "socket", "hashlib"} & imported(done.stderr)
+        assert not heavy, sorted(heavy)
+    finally:
+        for lock in (runtime / "eagle3-console").glob("*.lock"):
+            with contextlib.suppress(ValueError, OSError):
+                os.kill(int(lock.read_text().split()[0]), signal.SIGTERM)
+        shutil.rmtree(runtime, ignore_errors=True)
 
 
 def test_an_agent_answering_status_imports_no_serving_doctor_or_bench(workdir: Path) -> None:

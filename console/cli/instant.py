@@ -28,7 +28,7 @@ def answer(words: list[str]) -> int | None:
     if words not in ALONE or "_ARGCOMPLETE" in os.environ:
         return None
     if words == ["--version"]:
-        from console.cli import integrity  # hashlib with it: --version's alone
+        from console.cli import integrity  # --version's alone
 
         integrity.warn()
         print(f"eagle3-console {version()}")

@@ -8,14 +8,14 @@ costs well under a millisecond. A development install (editable: its RECORD list
 tree, which is ours by definition.
 
 `--version` runs it before anything else is imported (`console.cli.instant`, issue 28's 40 ms), so it imports
-only hashlib beyond what every Python starts with: paths are os.path's, not pathlib's (~5 ms), and a package is
-looked for by the import system's own finders, not through importlib.util (~3 ms).
+nothing beyond what every Python starts with but hashlib, and that only on a wheel's install, which has hashes to
+check: paths are os.path's, not pathlib's (~5 ms), and a package is looked for by the import system's own finders,
+not through importlib.util (~3 ms).
 """
 
 from __future__ import annotations
 
 import binascii
-import hashlib
 import os
 import sys
 
@@ -116,6 +116,8 @@ def written_by_us(file: str, site: str, record: dict[str, str]) -> bool:
     if listed is None:
         return False
     algorithm, _, expected = listed.partition("=")
+    import hashlib  # a wheel's install alone hashes: a source tree's `status` loads no OpenSSL for it
+
     try:
         with open(file, "rb") as opened:
             digest = hashlib.new(algorithm, opened.read()).digest()

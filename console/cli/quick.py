@@ -11,10 +11,11 @@ checks) is imported once the command line is known to be one.
 
 from __future__ import annotations
 
+import _socket  # socket.py's own: socket.py first makes enums of its ~350 constants (2 ms of every quick command)
+import io
 import itertools
 import json
 import os
-import socket
 import sys
 import time
 from collections.abc import Callable, Coroutine
@@ -29,10 +30,16 @@ if TYPE_CHECKING:
     import argparse
     from pathlib import Path
 
+    from _typeshed import WriteableBuffer
+
 T = TypeVar("T")
 OneShot = Callable[[AgentOps, "argparse.Namespace", list[str]], Coroutine[Any, Any, int]]
 
 ONE_SHOT = ("status", "stacks", "kill")
+# Asked without a hello first: the multiplexer's key holds this release and its protocol (`reuse.Target.key`), and
+# its agent is this release's own upload; a status that finds the link gone changes nothing, so the CLI's way asks
+# again. A kill goes only to an agent that answered, so that a link found gone is found before the kill is sent.
+LOOKS = ("status",)
 
 
 def one_shot(command: str) -> OneShot:
@@ -41,6 +48,19 @@ def one_shot(command: str) -> OneShot:
 
     handlers: dict[str, OneShot] = {"status": output.cmd_status, "stacks": output.cmd_stacks, "kill": output.cmd_kill}
     return handlers[command]
+
+
+class Received(io.RawIOBase):
+    """What a connected socket receives, as a stream to read lines from (socket.makefile's, without socket.py)."""
+
+    def __init__(self, sock: _socket.socket) -> None:
+        self._sock = sock
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: WriteableBuffer) -> int:
+        return self._sock.recv_into(buffer)
 
 
 class BlockingClient(AgentOps):
@@ -52,7 +72,7 @@ class BlockingClient(AgentOps):
             timeout  # --timeout: every call's deadline; None: each call's own (`console.link.transport.seconds_for`)
         )
         self._ids = itertools.count(1)
-        self._sock: socket.socket | None = None
+        self._sock: _socket.socket | None = None
         self._lines: Any = None  # the socket's reading side, as a binary file
         self._closing: str | None = None  # why the multiplexer said it closes
 
@@ -61,13 +81,13 @@ class BlockingClient(AgentOps):
         from console.link import reuse
 
         reuse.check_socket(path, self.spec)
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
         try:
             sock.connect(str(path))
         except OSError as exc:
             sock.close()
             raise reuse.unreachable(path, exc) from None
-        self._sock, self._lines = sock, sock.makefile("rb")
+        self._sock, self._lines = sock, io.BufferedReader(Received(sock))
         try:
             reuse.check_peer(sock, path)
             sock.settimeout(reuse.GREETING_TIMEOUT_S)
@@ -151,7 +171,8 @@ def drive(coroutine: Coroutine[Any, Any, T]) -> T:
 def answer(words: list[str]) -> int | None:
     """The exit code of a one-shot command answered through a running multiplexer; None: not such a command, or
     no multiplexer serves its host (nothing was sent then, so the CLI may do it all its usual way)."""
-    if "_ARGCOMPLETE" in os.environ or grammar.command_of(words) not in ONE_SHOT:
+    named = grammar.command_of(words)
+    if "_ARGCOMPLETE" in os.environ or named not in ONE_SHOT:
         return None  # the words' COMMAND, read before they are parsed: any other command parses them only once
     if words[grammar.first_word(words) :][:1] == ["local"]:
         return None  # HOST named `local`, which no multiplexer serves: parsed only once, by the CLI's way
@@ -160,7 +181,9 @@ def answer(words: list[str]) -> int | None:
         options, tail = grammar.split(grammar.with_host(words, settings.default_host, settings.path), grammar.GRAMMARS)
         if options[grammar.first_word(options) :][:1] == [grammar.listing.name]:
             return None  # `hosts` is no command of a host: its own parser, `hosts -h` its own help
-        ns = grammar.build_parser(grammar.GRAMMARS).parse_args(options)
+        # That command's grammar alone (the whole, 16 commands, took longer than the request): words it refuses, the
+        # CLI's way reads again with every command's, and says what is wrong as it always does.
+        ns = grammar.build_parser([g for g in grammar.GRAMMARS if g.name == named]).parse_args(options)
         if settings.expand(ns.host) != [ns.host]:
             return None  # several hosts: each on a connection of its own (`console.fleet.hosts`)
         config.apply_settings(ns, settings)
@@ -180,7 +203,7 @@ def answer(words: list[str]) -> int | None:
     client = BlockingClient(target.spec, ns.timeout_s)
     try:
         client.connect(path)
-        if drive(client.hello()).get("version") != PROTOCOL_VERSION:
+        if ns.command not in LOOKS and drive(client.hello()).get("version") != PROTOCOL_VERSION:
             client.close()
             return None
     except reuse.ReuseUnavailable as exc:
@@ -195,7 +218,14 @@ def answer(words: list[str]) -> int | None:
         return None
     try:
         return drive(command(client, ns, []))
-    except (AgentError, TransportError) as exc:
+    except NoAnswer as exc:
+        return failed(exc)
+    except TransportError as exc:
+        if ns.command not in LOOKS:
+            return failed(exc)
+        reuse.log(f"{target.spec}: {exc}; asked again the CLI's way")
+        return None
+    except AgentError as exc:
         return failed(exc)
     except KeyboardInterrupt:
         return EXIT_OK

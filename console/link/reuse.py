@@ -14,13 +14,13 @@ failure here is logged (`LOG_NAME` in the socket folder) and the command connect
 
 from __future__ import annotations
 
+import _socket  # socket.py's own: what a quick command needs of it, without socket.py's 2 ms of enums
 import contextlib
 import errno
 import fcntl
-import hashlib
+import importlib
 import json
 import os
-import socket
 import stat
 import struct
 import sys
@@ -69,7 +69,7 @@ class Target:
         home = Path.home()
         trust = [_stamp(home / ".ssh" / "config"), _stamp(home / ".ssh" / "known_hosts")]
         parts = [backends.__version__, PROTOCOL_VERSION, self.spec, self.workdir, self.python, str(home), trust]
-        return hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:20]
+        return sha256_hex(json.dumps(parts).encode())[:20]
 
     def argv(self, socket_path: Path, lock: int) -> list[str]:
         """The multiplexer's command line (an argv list, never through a shell); `lock`: the key's lock, held."""
@@ -77,6 +77,17 @@ class Target:
         argv += ["--remote-python", self.python] if self.python is not None else []
         argv += ["--workdir", self.workdir] if self.workdir is not None else []
         return [*argv, "--", self.spec]
+
+
+def sha256_hex(data: bytes) -> str:
+    """SHA-256 by CPython's own module (`_sha2`, `_sha256` before 3.12) where it has one: hashlib loads OpenSSL's
+    library first, 2 ms of every quick `status`."""
+    for name in ("_sha2", "_sha256"):
+        with contextlib.suppress(ImportError):
+            return str(importlib.import_module(name).sha256(data).hexdigest())
+    import hashlib
+
+    return hashlib.sha256(data).hexdigest()
 
 
 def _stamp(path: Path) -> list[int] | None:
@@ -129,11 +140,11 @@ def log(text: str) -> None:
             file.write(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} pid {os.getpid()}: {text}\n")
 
 
-def peer_uid(sock: socket.socket) -> int | None:
+def peer_uid(sock: _socket.socket) -> int | None:
     """The user id of the process at the other end of a Unix socket, where the system tells it."""
-    if not hasattr(socket, "SO_PEERCRED"):
+    if not hasattr(_socket, "SO_PEERCRED"):
         return None
-    _pid, uid, _gid = _PEERCRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size))
+    _pid, uid, _gid = _PEERCRED.unpack(sock.getsockopt(_socket.SOL_SOCKET, _socket.SO_PEERCRED, _PEERCRED.size))
     return int(uid)
 
 
@@ -176,7 +187,7 @@ def unreachable(path: Path, exc: OSError) -> ReuseUnavailable:
     return ReuseUnavailable(f"cannot connect to {path}: {exc}")
 
 
-def check_peer(sock: socket.socket, path: Path) -> None:
+def check_peer(sock: _socket.socket, path: Path) -> None:
     if peer_uid(sock) not in (None, os.getuid()):
         raise ReuseUnavailable(f"{path} is served by another user; not used")
 
