@@ -16,8 +16,11 @@ from typing import Any
 
 import pytest
 
+from backends import protocol
 from backends.fileio import atomic_write_json
 from backends.runs.store import EXIT, INDEX, SPEC, RunSpec, RunStore
+from console.cli import grammar, output, quick
+from console.link.transport import AgentError, AgentOps
 from tests.conftest import CLI, SLEEPER, launch
 
 HOUR = 3600.0
@@ -142,3 +145,30 @@ def test_a_run_that_ends_after_the_index_was_written_is_shown_as_it_ended(cli: C
     os.utime(run_dir / EXIT, (time.time() - HOUR, time.time() - HOUR))  # settled now: kept in the index
     assert [run["state"] for run in status_json(cli)["runs"] if run["id"] == live] == ["killed"]
     assert live in json.loads((Path(cli.workdir) / INDEX).read_bytes())["ended"]  # type: ignore[attr-defined]
+
+
+class PagesNothing(AgentOps):
+    """An agent of this protocol from before `status` paged, as a multiplexer started before an upgrade still runs:
+    its requests read by the protocol's own parser with that release's schema, so that it refuses what it does not
+    know in its own words; it lists every run."""
+
+    def __init__(self, runs: list[dict[str, Any]]) -> None:
+        self.runs = runs
+
+    async def request(self, op: str, **args: Any) -> Any:
+        try:
+            protocol.parse_request(protocol.request_line(1, op, args))
+        except protocol.ProtocolError as exc:
+            raise AgentError(exc.code, exc.message) from None
+        return {"host": "h", "gpu_source": "none", "gpu_error": None, "runs": self.runs, "gpus": [], "omitted": 0}
+
+
+def test_status_of_an_agent_that_pages_nothing_lists_every_run_in_the_same_json_shape(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setitem(protocol.OPS, "status", {"gpus": ((bool,), False, True)})
+    runs = [{"id": f"r{i}", "state": state} for i, state in enumerate(["running", "exited", "failed"])]
+    ns = grammar.build_parser(grammar.GRAMMARS).parse_args(["gpu1", "status", "--json"])
+    assert quick.drive(output.cmd_status(PagesNothing(runs), ns, [])) == output.EXIT_OK
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["runs"] == runs and (shown["ended_total"], shown["hidden"]) == (2, 0)

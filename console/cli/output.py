@@ -13,7 +13,7 @@ import argparse
 import json
 import sys
 
-from backends.protocol import DoctorResult
+from backends.protocol import TERMINAL_STATES, DoctorResult
 from console import render
 from console.link.transport import AgentError, AgentOps, TransportError
 from console.visible import printable, visible
@@ -65,6 +65,9 @@ async def cmd_status(client: AgentOps, ns: argparse.Namespace, _: list[str]) -> 
         dump(run) if ns.json else out("\n".join([render.run_text(run), *render.bench_lines(run.get("bench"))]))
         return EXIT_OK
     status = await client.status(ended=None if ns.all else ns.limit, page=ns.page)
+    # The same keys from an agent that pages nothing (of this protocol, from before): it listed every run.
+    status.setdefault("ended_total", sum(run["state"] in TERMINAL_STATES for run in status["runs"]))
+    status.setdefault("hidden", 0)
     if ns.json:
         dump(status)
     else:

@@ -211,9 +211,15 @@ class AgentOps(abc.ABC):
 
     async def status(self, *, gpus: bool = True, ended: int | None = None, page: int = 1) -> StatusResult:
         """Every live run, and of the ended ones (newest ended first) page `page` of `ended` runs (None: all)."""
-        # Sent only when asked for: an agent of an older release refuses arguments it does not know.
-        paged = {"ended": ended, "page": page} if ended is not None else {}
-        return cast(StatusResult, await self.request("status", gpus=gpus, **paged))
+        if ended is None:  # sent only when asked for: an agent of an older release refuses arguments it does not know
+            return cast(StatusResult, await self.request("status", gpus=gpus))
+        try:
+            return cast(StatusResult, await self.request("status", gpus=gpus, ended=ended, page=page))
+        except AgentError as exc:
+            if exc.code != "bad_args" or "unknown argument" not in exc.message:
+                raise
+        # An agent that pages nothing (one of this protocol from before, which a multiplexer still runs): every run.
+        return cast(StatusResult, await self.request("status", gpus=gpus))
 
     async def list_runs(self) -> RunsResult:
         return cast(RunsResult, await self.request("list_runs"))
