@@ -91,7 +91,7 @@ async def measure(
         async with app.run_test(size=size) as pilot:
             start = time.monotonic()
             ticker = app.set_interval(0.01, tick)
-            while run_id not in app.run_metrics or len(app.run_metrics[run_id].store.series("loss") or []) < history:
+            while run_id not in app.run_metrics or app.run_metrics[run_id].store.rows < history:
                 await pilot.pause(0.05)
             loaded_s, freeze_ms = time.monotonic() - start, longest_gap * 1000
             ticker.stop()  # its 100 wake-ups a second are the benchmark's, not the console's
@@ -99,12 +99,12 @@ async def measure(
             assert transport._proc is not None
             agent = transport._proc.pid
             cpu0, agent0, wall0, redraws0 = time.process_time(), cpu_seconds(agent), time.monotonic(), redraws
-            points0 = len(app.run_metrics[run_id].store.series("loss") or [])
+            points0 = app.run_metrics[run_id].store.rows
             await pilot.pause(seconds)
             wall = time.monotonic() - wall0
             cpu = (time.process_time() - cpu0) / wall * 100
             agent_cpu = (cpu_seconds(agent) - agent0) / wall * 100
-            arrived = len(app.run_metrics[run_id].store.series("loss") or []) - points0
+            arrived = app.run_metrics[run_id].store.rows - points0
             window_redraws = redraws - redraws0
             store = app.run_metrics[run_id].store
             shown = [

@@ -54,7 +54,7 @@ async def test_the_log_keeps_its_lines_and_no_drawing_of_each_as_rows_move_under
         assert KEPT <= len(log.kept) <= KEPT * 1.1  # the oldest go by tenths
         assert len(log.drawn) <= DRAWN_ROWS
         # 750 more lines than it holds, every row drawn 6 times at moving places: what it holds grew by the tenth
-        # of lines over KEPT and the rows drawn last (1.6 MB), where the drawings Textual cached on each row took
+        # of lines over KEPT and the rows drawn last (1.2 MB), where the drawings Textual cached on each row took
         # 2.4 MB
         assert grown < 2_000_000, grown
 

@@ -58,7 +58,7 @@ LOUD_TIMEOUT_S = 15.0  # errors and stalls stay up longer than news
 MAX_LINEAGE = 50  # attempts followed back through their parents for the last one that logged
 FEED_ROWS = 500  # metric rows added to a store between two looks at the screen: a long history loads, the UI lives
 THEME_PREFIX = "eagle3-"  # the console's own themes; Textual's others are not made for its colours
-KEPT_STORES = 4  # runs whose metric stores are kept (the followed, its overlay, the last looked at): a week open
+KEPT_STORES = 3  # runs whose metric stores are kept (the followed, its overlay, the last looked at): a week open
 # following relaunch after relaunch held a store of every run it had shown
 
 

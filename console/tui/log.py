@@ -16,7 +16,7 @@ import bisect
 import codecs
 import re
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from itertools import islice
 from typing import ClassVar
@@ -82,6 +82,24 @@ def shown_line(head: bytes | bytearray, size: int) -> str:
         return head.decode(errors="replace")
     text = codecs.getincrementaldecoder("utf-8")("replace").decode(bytes(head))  # its torn end dropped
     return f"{text} {CUT} [+{size_text(size - len(head))}]"
+
+
+class Row:
+    """A row of the log as kept: its segments and width. A Strip carries seven caches of its own, empty or not,
+    about a kilobyte a row over the 5,000 lines kept; the row is made a Strip as it is drawn."""
+
+    __slots__ = ("cell_length", "segments")
+
+    def __init__(self, segments: tuple[Segment, ...], cell_length: int) -> None:
+        self.segments = segments
+        self.cell_length = cell_length
+
+    def __iter__(self) -> Iterator[Segment]:
+        return iter(self.segments)
+
+    @property
+    def text(self) -> str:
+        return "".join(segment.text for segment in self.segments)
 
 
 @dataclass
@@ -230,7 +248,7 @@ class TailLog(ScrollView, can_focus=True):
         self.max_lines = max_lines
         self.kept: deque[Text] = deque()  # the lines as shown (see `log_text`)
         self.heights: deque[int] = deque()  # how many rows each kept line takes
-        self.lines: list[Strip] = []  # the rows drawn, every kept line's in turn
+        self.lines: list[Row] = []  # the rows drawn, every kept line's in turn
         self.dropped = 0  # lines fallen off the top so far: the first kept line's number
         self.widest = 0
         self.wrap = False
@@ -345,7 +363,7 @@ class TailLog(ScrollView, can_focus=True):
         if self.styles.scrollbar_visibility != visibility:
             self.styles.scrollbar_visibility = visibility
 
-    def rows_of(self, text: Text, number: int) -> list[Strip]:
+    def rows_of(self, text: Text, number: int) -> list[Row]:
         """A line's rows: one cut row, or as many as wrapping at the log's width takes; matches highlighted."""
         if self.search is not None:
             text = text.copy()
@@ -355,9 +373,9 @@ class TailLog(ScrollView, can_focus=True):
                 text.stylize(style, match.start(), match.end())
         console = self.app.console
         if not self.wrap:
-            return [Strip(text.render(console), text.cell_len)]
+            return [Row(tuple(text.render(console)), text.cell_len)]
         rows = console.render_lines(text, console.options.update_width(self.wrapped_at), pad=False)
-        return [Strip(row) for row in rows] or [Strip.blank(0)]
+        return [Row(tuple(row), Segment.get_line_length(row)) for row in rows] or [Row((), 0)]
 
     def match_styles(self) -> tuple[Style, Style]:
         """Every match reversed; the current one in the theme's warning colour, so it shows in any theme."""
@@ -571,11 +589,11 @@ class TailLog(ScrollView, can_focus=True):
         span = selection.get_span(row) if selection is not None else None
         if span is None and self.drawn_for == (scroll_x, width, style) and (drawn := self.drawn.get(row)):
             return drawn
-        # A copy of the kept row to draw from: Strip caches each crop, offset and style it makes on itself, and
-        # a kept row is drawn at a new offset every time a line arrives, so those caches on the 5,000 kept rows
-        # were most of what the console's memory grew by. The copy's caches go with the frame.
+        # A Strip made for this drawing: Strip caches each crop, offset and style it makes on itself, and a row is
+        # drawn at a new offset every time lines fall off, so those caches kept on the 5,000 kept rows were most
+        # of what the console's memory grew by. They go with the frame (the last drawn rows stay in `drawn`).
         kept = self.lines[row]
-        strip = Strip(iter(kept), kept.cell_length)
+        strip = Strip(kept.segments, kept.cell_length)
         if span is not None:
             strip = self.selected(strip, span)
         strip = strip.crop_extend(scroll_x, scroll_x + width, style).apply_offsets(scroll_x, row).apply_style(style)

@@ -28,7 +28,7 @@ from console.visible import printable
 
 DEFAULT_SMOOTHING = 0.6  # TensorBoard's default weight
 WARMUP_FRACTION = 0.05  # the robust y range leaves out this much of the start of a curve
-MAX_POINTS = 8192  # of a series in a run's store: ~220 kB, for a chart a few hundred columns wide
+MAX_POINTS = 4096  # of a series in a run's store: ~110 kB, for a chart a few hundred columns wide
 RECENT_FRACTION = 4  # a thinned series keeps its last 1/4 of MAX_POINTS whole, its older points 2 in each of 1/8
 
 _SHIFT = 4
@@ -476,6 +476,11 @@ class MetricStore:
             series.append(self._x, y)
             got.add(name)
         return got
+
+    @property
+    def rows(self) -> int:
+        """How many rows it was fed."""
+        return self._rows
 
     def names(self) -> list[str]:
         """The series' names in first-seen order."""
