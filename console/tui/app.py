@@ -33,7 +33,7 @@ from console import actions, render
 from console.fleet import jobs
 from console.fleet.hosts import Fleet, HostsStatus
 from console.link.transport import AgentError, AgentOps, TransportError, lasting
-from console.tui.chart import ChartPicker, ChartsPanel, RunMetrics, choices, default_charts, nonfinite_value, spec_label
+from console.tui.chart import ChartPicker, ChartsPanel, RunMetrics, choices, default_charts, spec_label
 from console.tui.commands import RunCommands
 from console.tui.dialogs import ConfirmScreen, HelpScreen, RelaunchScreen, TextScreen
 from console.tui.gpu_panel import GpuPanel
@@ -532,7 +532,7 @@ class ConsoleApp(App[None]):
             got |= metrics.store.add_row(row)
         if run_id in (self.followed, self.overlaid):
             self.query_one(ChartsPanel).touch(got)
-        if run_id == self.followed and (nonfinite := nonfinite_value(rows)):
+        if run_id == self.followed and (nonfinite := metrics.store.first_nonfinite) is not None:
             self.announce_nonfinite(run_id, nonfinite)
         if run_id not in self.not_numbers_told and (said := render.not_numbers_note(run_id, rows)) is not None:
             self.not_numbers_told.add(run_id)  # once per run: a trainer that logs text does so every row

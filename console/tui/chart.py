@@ -10,7 +10,6 @@ the lines drawn are kept for the same inputs, so Textual's other repaints cost n
 
 from __future__ import annotations
 
-import math
 import re
 import time
 from collections import deque
@@ -31,8 +30,8 @@ from textual.widget import Widget
 from textual.widgets import Input, Label, OptionList
 from textual.widgets.option_list import Option
 
-from backends.protocol import Metric, MetricRow, NonfiniteValue
-from console.tui.metric_store import MetricStore, series_value
+from backends.protocol import Metric, MetricRow
+from console.tui.metric_store import MetricStore
 from console.tui.pacing import until_beat
 from console.tui.plot import Mark, PlotSeries, PlotStyles, XKind, plot_area, render_plot
 
@@ -109,17 +108,6 @@ class RunMetrics:
 
     def take(self, n: int) -> list[MetricRow]:
         return [self.backlog.popleft() for _ in range(min(n, len(self.backlog)))]
-
-
-def nonfinite_value(rows: Iterable[MetricRow]) -> NonfiniteValue | None:
-    """The first value of a series that is NaN or inf (a float, or text that spells one), with its row's step."""
-    for row in rows:
-        for name, value in row.items():
-            number = series_value(name, value) if name not in (Metric.STEP, Metric.TIME) else None
-            if number is not None and not math.isfinite(number):
-                step = row.get(Metric.STEP)
-                return {"metric": name, "step": step if isinstance(step, int) else None, "value": str(number)}
-    return None
 
 
 class MetricChart(Widget, can_focus=True):

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from itertools import pairwise
 
-from backends.protocol import Metric, MetricRow, nonfinite_spelled
+from backends.protocol import Metric, MetricRow, NonfiniteValue, nonfinite_spelled
 from console.visible import printable
 
 DEFAULT_SMOOTHING = 0.6  # TensorBoard's default weight
@@ -362,8 +362,15 @@ class Series:
         new_raw = array("d", map(raw.__getitem__, kept))
         new_smooth = array("d", map(smooth.__getitem__, kept))
         self._xs = new_xs
-        self._nf_start, self._nf_end, self._nf_before = array("q"), array("q"), array("q")
         # The checkpoints as the moving average stood at each new block's end: smoothed = ema / (1 - w**n).
+        if not self._nf_start:  # no NaN/inf anywhere (the common case): every point is finite, no loop per point
+            ends = range(_FAN, len(new_raw) + 1, _FAN)
+            self._ckpt_finite = array("q", ends)
+            self._ckpt_ema = array("d", (new_smooth[n - 1] * (1.0 - self.smoothing**n) for n in ends))
+            self._raw.rebuild(new_raw, [])
+            self._smooth.rebuild(new_smooth, [])
+            return
+        self._nf_start, self._nf_end, self._nf_before = array("q"), array("q"), array("q")
         self._ckpt_ema, self._ckpt_finite = array("d"), array("q")
         dirty: list[int] = []
         seen, last = 0, 0.0
@@ -450,6 +457,9 @@ class MetricStore:
         self._x = 0.0
         self._rows = 0
         self._series: dict[str, Series] = {}
+        # The first NaN or infinite value fed, with its row's step: news, said once (found here, in the one pass
+        # over the values that feeds the series, rather than in a second one over every row)
+        self.first_nonfinite: NonfiniteValue | None = None
 
     def add_row(self, row: MetricRow) -> set[str]:
         """Add a row's numbers to their series; the names that got a point."""
@@ -475,6 +485,13 @@ class MetricStore:
                 series = self._series[name] = Series(name, self.smoothing, self.cap)
             series.append(self._x, y)
             got.add(name)
+            if y - y != 0.0 and self.first_nonfinite is None:
+                step = row.get(Metric.STEP)
+                self.first_nonfinite = {
+                    "metric": written,
+                    "step": step if isinstance(step, int) else None,
+                    "value": str(y),
+                }
         return got
 
     @property
