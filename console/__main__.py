@@ -34,7 +34,9 @@ def main() -> int:
     if integrity.checks(words, grammar.command_of(words)):
         integrity.warn()
     code = quick.answer(words)
-    return command_line(words) if code is None else code
+    if code is not None:
+        quick.leave(code)
+    return command_line(words)
 
 
 class Command:

@@ -19,7 +19,7 @@ import os
 import sys
 import time
 from collections.abc import Callable, Coroutine
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 from backends.protocol import MAX_LINE_BYTES, PROTOCOL_VERSION, request_line, too_large_reply
 from console.cli import config, grammar
@@ -155,6 +155,22 @@ class BlockingClient(AgentOps):
         if self._sock is not None:
             self._sock.close()
         self._sock = self._lines = None
+
+
+def leave(code: int) -> NoReturn:
+    """Exit with `code` once what was said is out: a quick command holds nothing open, and the interpreter's own
+    exit (every module torn down) was a tenth of its CPU (~5 ms)."""
+    try:
+        sys.stdout.flush()
+    except BrokenPipeError:  # stdout closed early (e.g. `| head`): not an error of ours
+        code = 0
+    except OSError:  # what was said did not get out
+        code = code or 1
+    try:  # noqa: SIM105 (contextlib: an import more)
+        sys.stderr.flush()
+    except (OSError, ValueError):  # ValueError: closed after a broken pipe (`answer`)
+        pass
+    os._exit(code)
 
 
 def drive(coroutine: Coroutine[Any, Any, T]) -> T:
