@@ -1,7 +1,9 @@
 """What benchmarks/mutation.sh found no test of in runs/supervise.py: what the supervisor records when it cannot
-start a run, what it says of a write it could not make (and of a full disk, when a record goes through its
-reserved room), and how often it tells of processes that outlived the run's launcher. The real supervisor
-(`python -m backends.runs.supervise`, started as a launch starts it), real processes and files."""
+start a run (the whole exit record), what it says of a write it could not make (and of a full disk, when a record
+goes through its reserved room), how often it tells of processes that outlived the run's launcher, why a run
+failed, the events a run ends with, and where a run starts and writes its rows, with nothing said in the
+supervisor's log when all goes well. The real supervisor (`python -m backends.runs.supervise`, started as a launch
+starts it), real processes and files."""
 
 from __future__ import annotations
 
@@ -11,10 +13,12 @@ from pathlib import Path
 
 import pytest
 
+from backends.fileio import read_jsonl
 from backends.host import procinfo
 from backends.runs import control as runctl
 from backends.runs import supervise
-from backends.runs.store import EVENTS, PROC, RunDir, RunSpec, RunStore
+from backends.runs.store import EVENTS, METRICS, PROC, RunDir, RunSpec, RunStore
+from console.tui.timeline import timeline
 from tests.conftest import wait_for
 from tests.test_faults_processes import fill
 
@@ -37,7 +41,7 @@ def test_a_run_that_cannot_start_says_why_in_its_exit_and_its_events(workdir: Pa
     said = (
         "cannot start '/nonexistent/trainer': No such file or directory (check the program name and PATH, or the --cwd)"
     )
-    assert ended["error"] == said and ended["code"] is None
+    assert ended == {"code": None, "signal": None, "error": said, "ended_at": ended["ended_at"]}
     events = [{k: v for k, v in e.items() if k != "t"} for e in run.events()]
     assert {"type": "spawn_failed", "errno": 2} in events
     assert events[-2:] == [{"type": "failed", "error": said}, {"type": "state", "state": "failed"}]
@@ -95,6 +99,10 @@ def test_an_ended_runs_watch_says_its_final_state(workdir: Path) -> None:
     wait_for(run.exit, 30, "exit.json")
     wait_for(lambda: supervisor_gone(run), 30, "the supervisor to end")
     assert run.watch().get("state") == "failed" == run.state()
+    # The events end with the exit and the final state, where the console's timeline ends the run.
+    ending = [{k: v for k, v in e.items() if k != "t"} for e in run.events()[-2:]]
+    assert ending == [{"type": "exit", "code": 3, "signal": None}, {"type": "state", "state": "failed"}]
+    assert timeline(run.events()).ended_at == run.events()[-1]["t"]
 
 
 def test_a_record_written_through_its_reserved_room_says_the_disk_is_full_and_keeps_it_for_the_exit(
@@ -131,3 +139,23 @@ def test_why_a_run_failed_is_what_its_watch_read_even_when_the_last_of_its_outpu
     run = supervised(workdir, [sys.executable, "-c", FAILS_THEN_TALKS])
     ended = wait_for(run.exit, 30, "exit.json")
     assert ended["code"] == 1 and ended["reason"] == "ValueError: the draft has no lm_head"
+
+
+WRITES_A_ROW = (
+    "import json, os; print(os.getcwd()); "
+    "open(os.environ['EAGLE3_METRICS_FILE'], 'a').write(json.dumps({'step': 1, 'loss': 2.5}) + '\\n')"
+)
+
+
+def test_a_run_starts_in_its_folder_writes_its_rows_where_told_and_leaves_the_supervisors_log_empty(
+    workdir: Path, tmp_path: Path
+) -> None:
+    run = RunStore(workdir).create(
+        RunSpec(kind="command", argv=[sys.executable, "-c", WRITES_A_ROW], cwd=str(tmp_path))
+    )
+    runctl.start_supervisor(run)
+    wait_for(run.exit, 30, "exit.json")
+    wait_for(lambda: supervisor_gone(run), 30, "the supervisor to end")
+    assert run.file("output.log").read_text() == f"{tmp_path}\n"
+    assert read_jsonl(run.file(METRICS))[0] == [{"step": 1, "loss": 2.5}]
+    assert run.file("supervisor.log").read_text() == ""  # nothing went wrong: nothing to say
