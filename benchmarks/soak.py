@@ -208,7 +208,9 @@ def text_plot(points: list[tuple[float, float]], label: str, height: int = 10, w
     cols: list[list[float]] = [[] for _ in range(width)]
     for x, y in points:
         cols[min(width - 1, int(x / last * (width - 1)))].append(y)
-    tops = [max(c) if c else None for c in cols]
+    tops: list[float | None] = []
+    for c in cols:  # a column between two samples holds the one before it, as the value stood then
+        tops.append(max(c) if c else tops[-1] if tops else None)
     lines = [f"{label}: {lo:.1f} .. {hi:.1f}, against minutes 0 .. {last:.0f}"]
     for row in range(height, 0, -1):
         level = lo + span * (row - 0.5) / height
@@ -252,9 +254,11 @@ def report(samples: Path, warmup_min: float) -> int:
     at_24h = after[-1][1] + per_h * (24 - after[-1][0] / 60)
     cpus = sorted(p[1] for p in cpu if p[0] >= warmup_min)
     median_cpu = cpus[len(cpus) // 2] if cpus else math.nan
+    late = rss[len(rss) // 2 :]  # a step early after the warm-up weighs on the first slope: this one leaves it out
     print_table(
         [
             [f"RSS slope after {warmup_min:g} min, MiB/h ({len(after)} samples)", f"{per_h:+.2f}", "0", "-"],
+            [f"RSS slope over the second half, from {late[0][0]:.0f} min, MiB/h", f"{slope(late) * 60:+.2f}", "0", "-"],
             [
                 "RSS at 24 h by that slope, MiB",
                 f"{at_24h:.0f}",

@@ -1,6 +1,7 @@
 """What the console holds stays bounded however long it stays open, and it draws nothing while nothing moves: the
 log keeps its lines and no drawing of them (Textual cached each crop, offset and style made of a row, on the row),
-the runs table changes the cells that changed, and a silence long past reads by the minute. All of it on real
+the runs table changes the cells that changed, a silence long past reads by the minute, and a run's events keep
+their startup and a bounded health history. All of it on real
 Textual widgets under its pilot; the metric store's own bound is in test_metric_store."""
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from textual.app import App, ComposeResult
 
 from console.tui.log import DRAWN_ROWS, TailLog
 from console.tui.panels import RunFacts, RunsTable, detail_text, silence_text
+from console.tui.timeline import MAX_EVENTS, HealthMark, kept_events, timeline
 
 LINE = "step {} | loss 2.9118 | acc_0 0.77 acc_1 0.70 acc_2 0.64"
 KEPT = 1000
@@ -118,3 +120,22 @@ def test_a_silence_reads_by_the_second_then_by_the_minute() -> None:
     facts = RunFacts(silent_s=754.0)
     shown = detail_text(run("20261204-223245-316-49e4", 10), facts, width=80)
     assert isinstance(shown, Text) and "silent for 12 min" in shown.plain
+
+
+def test_a_server_whose_health_flaps_for_days_keeps_its_startup_and_a_bounded_health_history() -> None:
+    events: list[dict[str, object]] = [
+        {"t": 0.0, "type": "launch"},
+        {"t": 5.0, "type": "phase", "phase": "load_weights"},
+        {"t": 60.0, "type": "phase", "phase": "ready"},
+    ]
+    for first in range(0, 30_000, 50):  # a change of answer every 10 s for 3.5 days, 50 to a message
+        came = [
+            {"t": 60.0 + 10 * i, "type": "health", "status": "ok" if i % 2 else "refused"}
+            for i in range(first, first + 50)
+        ]
+        events = kept_events([*events, *came])
+        assert len(events) <= MAX_EVENTS
+    line = timeline(events)
+    assert line.launched_at == 0.0 and line.ready_at == 60.0
+    assert [p.name for p in line.phases] == ["launch", "load_weights"]
+    assert line.health[-1] == HealthMark(60.0 + 10 * 29_999, "ok")  # the latest answer is the one in force

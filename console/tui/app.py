@@ -42,7 +42,7 @@ from console.tui.log import FindPrompt, LineReader, TailLog, log_text
 from console.tui.panels import JOB_KEY, RunDetail, RunFacts, RunsTable, health_styles, lineage_edits
 from console.tui.preferences import Preferences, read_state, write_state
 from console.tui.progress import Progress, total_steps
-from console.tui.timeline import timeline
+from console.tui.timeline import kept_events, timeline
 from console.visible import printable, visible
 from themes import DEFAULT as DEFAULT_THEME
 from themes import register_themes
@@ -484,7 +484,7 @@ class ConsoleApp(App[None]):
                     self.write_log(log, reader, base64.b64decode(msg["data_b64"]))
                     self.output_seen = time.monotonic()
                 elif msg["stream"] == "events":
-                    self.events += [row for row in msg["rows"] if isinstance(row, dict)]
+                    self.events = kept_events(self.events + [row for row in msg["rows"] if isinstance(row, dict)])
                     self.facts.line = timeline(self.events)
                     self.show_selected()
                 elif msg["stream"] == "metrics":

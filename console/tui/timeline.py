@@ -16,6 +16,7 @@ LAUNCH = "launch"  # from the launch to the first phase the output names: the in
 READY = "ready"
 # The end of a run's startup, whichever comes first: serving, or ending.
 ENDED_STATES = frozenset({"exited", "failed", "killed", "lost", "corrupt"})
+MAX_EVENTS = 5000  # of a run, kept by the console (see `kept_events`)
 
 
 @dataclass(frozen=True)
@@ -61,6 +62,19 @@ class Timeline:
                 break
             answer = mark.status
         return answer
+
+
+def kept_events(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A run's events as the console keeps them: past MAX_EVENTS, the oldest half of its health answers go (a
+    server whose health flaps for days adds one at every change); its launch, phases, states and notes stay, and
+    the health history reads from the oldest answer kept."""
+    if len(events) <= MAX_EVENTS:
+        return events
+    health = [i for i, row in enumerate(events) if row.get("type") == "health"]
+    gone = set(health[: len(health) // 2] if len(health) > 1 else [])
+    if not gone:  # none but health-less rows: the oldest go
+        return events[-MAX_EVENTS:]
+    return [row for i, row in enumerate(events) if i not in gone]
 
 
 def timeline(events: Iterable[Mapping[str, Any]]) -> Timeline:
