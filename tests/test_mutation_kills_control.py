@@ -1,8 +1,9 @@
 """What benchmarks/mutation.sh found no test of in runs/control.py: what a relaunch answers of the run it
 replaced, which run free-gpus attributes a GPU process to, the spec a launch's arguments make, the refusals of a
 launch (its code and line: arguments that make no sense, a stage's missing Python, the agent's files changed since
-it started, a disk that fills as the launch is recorded) and a kill refused for processes that became another
-user's. The real run engine (launch, its supervisor, kill), real processes."""
+it started, a disk that fills as the launch is recorded), a kill refused for processes that became another
+user's, stack dumps of an ended run, and a GPU process attributed to its run by process group. The real run engine
+(launch, its supervisor, kill), real processes."""
 
 from __future__ import annotations
 
@@ -237,3 +238,39 @@ def test_a_launch_whose_first_record_the_full_disk_refuses_starts_nothing_and_le
     assert said.startswith(f"no space left on tmpfs at {small_disk} (")
     assert said.endswith(" bytes free): the run was not launched; free some space or choose another --workdir")
     assert store.ids() == []
+
+
+def test_stacks_of_an_ended_run_show_its_last_dump_and_a_fresh_one_is_refused_as_no_stacks(workdir: Path) -> None:
+    store = RunStore(workdir)
+    run = launched(store, SLEEP)
+    wait_for(run.child, 20, "the child")
+    dumped = runctl.stacks(run, now=True)
+    assert [e["by"] for e in run.events() if e["type"] == "stacks"] == ["request"]
+    runctl.kill(run, "KILL", 0)
+    wait_for(run.exit, 20, "exit.json")
+    assert runctl.stacks(run, now=False) == dumped
+    with pytest.raises(runctl.OpError) as refused:
+        runctl.stacks(run, now=True)
+    assert (refused.value.code, refused.value.message) == ("no_stacks", f"run {run.id} has no live process to dump now")
+    never = launched(store, [sys.executable, "-c", "pass"])
+    wait_for(never.exit, 20, "the second run's exit")
+    with pytest.raises(runctl.OpError) as nothing:
+        runctl.stacks(never, now=False)
+    assert (nothing.value.code, nothing.value.message) == (
+        "no_stacks",
+        f"run {never.id} has no live process and no stack dump",
+    )
+
+
+def test_a_gpu_process_is_the_runs_by_its_process_group_once_its_parent_is_gone_and_a_strangers_is_nobodys(
+    workdir: Path,
+) -> None:
+    """A launcher that left a process in its group and exited: no parent chain leads to the run any more."""
+    run = launched(RunStore(workdir), ["sh", "-c", "sleep 60 & echo $!"])
+    left = int(wait_for(lambda: run.file("output.log").read_text().strip(), 20, "the pid it left"))
+    child = wait_for(run.child, 20, "the child")
+    wait_for(run.exit, 20, "the launcher's exit")
+    owners = {child.pid: run.id}
+    assert runctl.owner_of(left, owners) == run.id
+    assert runctl.owner_of(os.getpid(), owners) is None
+    runctl.kill(run, "KILL", 0)
