@@ -65,6 +65,7 @@ def test_processes_left_in_the_runs_session_are_told_once(workdir: Path) -> None
     wait_for(lambda: supervisor_gone(run), 60, "the supervisor to end once the session is empty")
     outlived = [e for e in run.events() if e["type"] == "outlived"]
     assert len(outlived) == 1 and len(outlived[0]["pids"]) == 1
+    assert run.file("supervisor.log").read_text() == ""  # it waited them out, rather than failing
 
 
 def test_a_supervisor_handed_no_run_folder_says_so_to_the_launch(workdir: Path) -> None:
@@ -159,3 +160,15 @@ def test_a_run_starts_in_its_folder_writes_its_rows_where_told_and_leaves_the_su
     assert run.file("output.log").read_text() == f"{tmp_path}\n"
     assert read_jsonl(run.file(METRICS))[0] == [{"step": 1, "loss": 2.5}]
     assert run.file("supervisor.log").read_text() == ""  # nothing went wrong: nothing to say
+
+
+def test_a_python_run_prints_as_it_goes_even_when_the_launch_says_nothing_of_buffering(
+    workdir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The supervisor inherits the launcher's environment, and this one has no PYTHONUNBUFFERED (the test's own may):
+    a Python child's line is in output.log while it runs, not when it ends, or it would look hung."""
+    monkeypatch.delenv("PYTHONUNBUFFERED", raising=False)
+    run = supervised(workdir, [sys.executable, "-c", "import time; print('started'); time.sleep(60)"])
+    wait_for(lambda: run.file("output.log").read_text() == "started\n", 20, "the line while it runs")
+    assert run.exit() is None
+    runctl.kill(run, "KILL", 0)
