@@ -274,3 +274,21 @@ def test_a_gpu_process_is_the_runs_by_its_process_group_once_its_parent_is_gone_
     assert runctl.owner_of(left, owners) == run.id
     assert runctl.owner_of(os.getpid(), owners) is None
     runctl.kill(run, "KILL", 0)
+
+
+def test_gpu_processes_are_attributed_only_to_the_runs_named_and_never_to_a_lost_or_unstarted_run(
+    workdir: Path,
+) -> None:
+    store = RunStore(workdir)
+    first, second = launched(store, SLEEP), launched(store, SLEEP)
+    first_child, second_child = (wait_for(run.child, 20, "a child") for run in (first, second))
+    assert runctl.owner_lookup(store, [first]) == {first_child.pid: first.id}  # the runs a look found live
+    # Lost: its supervisor and child killed at once, so no exit was ever written. Unstarted: no child yet.
+    supervisor = second.supervisor()
+    assert supervisor is not None
+    for pid in (supervisor.pid, second_child.pid):
+        os.kill(pid, signal.SIGKILL)
+    wait_for(lambda: not procinfo.is_alive(second_child), 20, "the lost run's child to die")
+    unstarted = store.create(RunSpec(kind="command", argv=SLEEP))
+    assert second.exit() is None and unstarted.child() is None
+    assert runctl.owner_lookup(store) == {first_child.pid: first.id}
