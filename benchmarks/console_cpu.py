@@ -111,10 +111,10 @@ async def measure(
                 ([s for name in chart.names() if (s := store.series(name)) is not None], chart.size.width)
                 for chart in app.query_one(ChartsPanel).charts
             ]
-            await client_kill(workdir, run_id)
             await pilot.press("q")
     finally:
         MetricChart.draw = draw  # type: ignore[method-assign]
+        await client_kill(workdir, run_id)  # a run outlives the console: it goes with the benchmark, however it ends
     plotext = plotext_cost(shown, rate)
     return [
         ["history load (rows in the charts), s", f"{loaded_s:.1f}", "-", "-"],

@@ -143,8 +143,10 @@ def table(shares: dict[str, list[float]], anchor: str) -> list[list[str]]:
 
 
 def idle(folder: Path, workdir: Path, count: int, seconds: float, size: tuple[int, int]) -> None:
-    for _ in range(4):
-        console_cli(workdir, "launch", "train", "--name", "quiet", "--", sys.executable, "-c", QUIET)
+    quiet = [
+        console_cli(workdir, "launch", "train", "--name", "quiet", "--", sys.executable, "-c", QUIET).split()[0]
+        for _ in range(4)
+    ]
     server = Server(folder, size)
     try:
         console = server.start("console", [sys.executable, "-m", "console", "--workdir", str(workdir), "local"])
@@ -157,6 +159,8 @@ def idle(folder: Path, workdir: Path, count: int, seconds: float, size: tuple[in
         shares = windows(pids, count, seconds)
     finally:
         server.close()
+        for run in quiet:  # runs outlive their console: they go with the benchmark
+            console_cli(workdir, "kill", run, "--grace", "1")
     print(f"idle: 4 quiet runs, {size[0]}x{size[1]}, {count} windows of {seconds:g} s, on {os.cpu_count()} cores")
     print_table(table(shares, IDLE_TARGET), ("program", "CPU % (median)", "min-max", f"ratio to {IDLE_TARGET}"))
 

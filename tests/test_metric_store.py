@@ -335,3 +335,16 @@ def test_bad_queries_are_refused() -> None:
     with pytest.raises(ValueError, match="smoothing"):
         MetricStore(smoothing=1.0)
     assert loss.columns(0.0, 0.0, 3)[-1].count == 1  # a single x: its points are in the last column
+
+
+def test_a_small_cap_thinned_for_ages_stays_within_it_and_keeps_its_extremes() -> None:
+    """A cap of 64 over 100,000 points: slices grow far wider than what ages between two thinnings, so a slice is
+    thinned in several goes; the series still keeps at most its cap, its first and last points and its extremes."""
+    rng = random.Random(3)
+    series = Series("loss", cap=64)
+    ys = [math.exp(-i / 30_000) + rng.random() * 0.01 for i in range(100_000)]
+    ys[777], ys[55_555] = 9.0, -9.0
+    for i, y in enumerate(ys):
+        series.append(float(i), y)
+        assert len(series) <= 64
+    assert series.x_range == (0.0, 99_999.0) and series.y_range() == (-9.0, 9.0)

@@ -184,7 +184,9 @@ class Series:
         "_nf_end",
         "_nf_start",
         "_raw",
+        "_slice",
         "_smooth",
+        "_thinned",
         "_xs",
         "name",
         "smoothing",
@@ -194,6 +196,8 @@ class Series:
         """`cap`: the most points it keeps, the older ones thinned past it (see `thin`); None: every point."""
         self.name = name
         self._cap = cap
+        self._slice: float | None = None  # the x width of the slices its thinned points stand for
+        self._thinned = 0  # how many points lead it thinned (see `thin`)
         self.smoothing = _weight(smoothing)
         self._keep = 1.0 - smoothing
         self._xs: array[float] = array("d")
@@ -332,22 +336,30 @@ class Series:
         return i
 
     def thin(self, old: int, buckets: int) -> None:
-        """The first `old` points thinned to at most `buckets` equal slices of their x range: of each slice, its
+        """The first `old` points thinned to slices of their x range, at most `buckets` of them: of each slice, its
         lowest and highest finite points and its first and last NaN/inf, in order (and the very first point, where
         the curve starts); the rest kept whole. Slices of x rather than runs of points, so a curve thinned again
-        and again keeps the same density over all its history. Every smoothed value kept is the one it had. A
-        column of old history then counts the points kept; its extent is exact wherever slices do not straddle its
-        edges. O(n), with C loops for the pyramids."""
+        and again keeps the same density over all its history. Only the points aged since the last thinning are
+        read, at the same slice width, until the history outgrows `buckets` slices of it (or slices split between
+        thinnings add up): then every old point again, at twice the width. Every smoothed value kept is the one
+        it had. A column of old history counts the points kept; its extent is exact wherever slices do not
+        straddle its edges. O(n) with C loops, the loop in Python over the newly aged slices only."""
         xs, raw, smooth = self._xs, self._raw.values, self._smooth.values
         x0 = xs[0]
-        width = (xs[old - 1] - x0) / buckets or 1.0
-        kept: list[int] = [0]
-        start = 0
-        while start < old:
-            slot = int((xs[start] - x0) / width)
-            end = bisect_left(xs, x0 + (slot + 1) * width, start + 1, old)
-            block = raw[start:end]
-            if self._nonfinite_before(end) == self._nonfinite_before(start):
+        span = xs[old - 1] - x0
+        width, start = self._slice, self._thinned
+        if width is None or span > width * buckets or start > 3 * buckets:
+            width = max(width or 0.0, span / buckets) or 1.0
+            if self._slice is not None and span > self._slice * buckets:
+                width = max(width, 2 * self._slice)  # doubling: a wider slice each time, not one a step wider
+            start = 0
+        kept: list[int] = [] if start else [0]
+        at = start
+        while at < old:
+            slot = int((xs[at] - x0) / width)
+            end = bisect_left(xs, x0 + (slot + 1) * width, at + 1, old)
+            block = raw[at:end]
+            if self._nonfinite_before(end) == self._nonfinite_before(at):
                 picks = {block.index(min(block)), block.index(max(block))}
             else:
                 finite = [j for j, v in enumerate(block) if v - v == 0.0]
@@ -355,9 +367,10 @@ class Series:
                 picks = {bad[0], bad[-1]}
                 if finite:
                     picks |= {min(finite, key=block.__getitem__), max(finite, key=block.__getitem__)}
-            kept += [start + j for j in sorted(picks) if start + j]
-            start = end
-        kept += range(old, len(xs))
+            kept += [at + j for j in sorted(picks) if at + j]
+            at = end
+        self._slice, self._thinned = width, start + len(kept)
+        kept = [*range(start), *kept, *range(old, len(xs))]
         new_xs = array("d", map(xs.__getitem__, kept))
         new_raw = array("d", map(raw.__getitem__, kept))
         new_smooth = array("d", map(smooth.__getitem__, kept))
@@ -395,6 +408,7 @@ class Series:
 
     def _truncate(self, n: int) -> None:
         """Keep the first n points only."""
+        self._thinned = min(self._thinned, n)
         del self._xs[n:]
         self._raw.truncate(n)
         self._smooth.truncate(n)
