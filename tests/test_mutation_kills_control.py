@@ -8,6 +8,7 @@ user's, stack dumps of an ended run, and a GPU process attributed to its run by 
 from __future__ import annotations
 
 import copy
+import itertools
 import json
 import os
 import shutil
@@ -292,3 +293,11 @@ def test_gpu_processes_are_attributed_only_to_the_runs_named_and_never_to_a_lost
     unstarted = store.create(RunSpec(kind="command", argv=SLEEP))
     assert second.exit() is None and unstarted.child() is None
     assert runctl.owner_lookup(store) == {first_child.pid: first.id}
+
+
+def test_a_kill_looks_again_soon_then_every_poll_never_faster() -> None:
+    """How a kill (and the wait for an exit record) paces its looks at processes about to end: a busy loop would
+    spend a core for the whole grace."""
+    waits = list(itertools.islice(runctl.pauses(), 8))
+    assert waits == [0.001, 0.002, 0.004, 0.008, 0.01, 0.01, 0.01, 0.01]
+    assert (runctl.FIRST_POLL_S, runctl.POLL_S) == (0.001, 0.01)
