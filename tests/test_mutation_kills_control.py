@@ -25,6 +25,7 @@ from backends.protocol import OPS
 from backends.runs import control as runctl
 from backends.runs.store import RunDir, RunSpec, RunStore, StoreError
 from tests.conftest import wait_for
+from tests.draft_fixtures import HIDDEN, good_draft, write_target
 from tests.test_faults_processes import fill
 
 SLEEP = [sys.executable, "-c", "import time; time.sleep(60)"]
@@ -301,3 +302,18 @@ def test_a_kill_looks_again_soon_then_every_poll_never_faster() -> None:
     waits = list(itertools.islice(runctl.pauses(), 8))
     assert waits == [0.001, 0.002, 0.004, 0.008, 0.01, 0.01, 0.01, 0.01]
     assert (runctl.FIRST_POLL_S, runctl.POLL_S) == (0.001, 0.01)
+
+
+def test_a_draft_doctor_finds_errors_in_refuses_the_launch_naming_them(tmp_path: Path) -> None:
+    """doctor on a real draft whose fc was trained on one layer's features (tests.draft_fixtures)."""
+    target = write_target(tmp_path / "target")
+    draft = good_draft(tmp_path / "draft", fc_in=HIDDEN)
+    server = [sys.executable, "-c", "pass", "--model-path", str(target)]
+    spec = RunSpec(kind="serve", argv=[*server, "--speculative-draft-model-path", str(draft)])
+    with pytest.raises(runctl.OpError) as refused:
+        runctl.gate(spec, force=False)
+    assert refused.value.code == "doctor_refused"
+    assert refused.value.message == (
+        "doctor found 2 error(s) in the draft (fc-width); fix them, or launch with --force to start anyway"
+    )
+    assert runctl.gate(spec, force=True)["doctor"] == refused.value.details
