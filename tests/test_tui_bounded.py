@@ -1,13 +1,15 @@
 """What the console holds stays bounded however long it stays open, and it draws nothing while nothing moves: the
 log keeps its lines and no drawing of them (Textual cached each crop, offset and style made of a row, on the row),
 the runs table changes the cells that changed, a silence long past reads by the minute, and a run's events keep
-their startup and a bounded health history. All of it on real
+their startup and a bounded health history; a run left for another stops streaming to it. All of it on real
 Textual widgets under its pilot; the metric store's own bound is in test_metric_store."""
 
 from __future__ import annotations
 
 import gc
+import sys
 import tracemalloc
+from pathlib import Path
 from typing import ClassVar
 
 from rich.text import Text
@@ -16,6 +18,8 @@ from textual.app import App, ComposeResult
 from console.tui.log import DRAWN_ROWS, TailLog
 from console.tui.panels import RunFacts, RunsTable, detail_text, silence_text
 from console.tui.timeline import MAX_EVENTS, HealthMark, kept_events, timeline
+from tests.conftest import until
+from tests.test_tui_attention import console, launch
 
 LINE = "step {} | loss 2.9118 | acc_0 0.77 acc_1 0.70 acc_2 0.64"
 KEPT = 1000
@@ -139,3 +143,23 @@ def test_a_server_whose_health_flaps_for_days_keeps_its_startup_and_a_bounded_he
     assert line.launched_at == 0.0 and line.ready_at == 60.0
     assert [p.name for p in line.phases] == ["launch", "load_weights"]
     assert line.health[-1] == HealthMark(60.0 + 10 * 29_999, "ok")  # the latest answer is the one in force
+
+
+CHATTY = "import time\nwhile True:\n    print('line ' + 'x' * 60, flush=True)\n    time.sleep(0.01)\n"
+
+
+async def test_a_run_left_for_another_stops_streaming_to_the_console(workdir: Path, nvml_state: Path) -> None:
+    """A real agent and two real runs, one printing 100 lines a second: once the person moves to the other run, the
+    host stops sending the first one's (the client queued it for no one, 12 MiB a minute, until the link dropped)."""
+    chatty = await launch(workdir, [sys.executable, "-c", CHATTY], name="chatty")
+    quiet = await launch(workdir, [sys.executable, "-c", "import time; time.sleep(120)"], name="quiet")
+    async with console(workdir) as (app, pilot, _):
+        await until(pilot, lambda: chatty in app.runs and quiet in app.runs, what="both runs")
+        app.select_run(chatty)
+        await until(pilot, lambda: app.followed == chatty and app.query_one(TailLog).kept, what="chatty's lines")
+        app.select_run(quiet)
+        link = app.client.alone
+        assert link is not None
+        await until(pilot, lambda: app.followed == quiet and len(link._subs) == 1, what="chatty's stream to stop")
+        await pilot.pause(1.0)
+        assert len(link._subs) == 1 and all(sub.queue.qsize() < 10 for sub in link._subs.values())

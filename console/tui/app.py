@@ -48,6 +48,7 @@ from themes import DEFAULT as DEFAULT_THEME
 from themes import register_themes
 
 if TYPE_CHECKING:
+    from console.link.client import Subscription
     from console.link.host_keys import OfferedKey
 
 POLL_S = 2.0
@@ -479,27 +480,38 @@ class ConsoleApp(App[None]):
                 await asyncio.sleep(POLL_S)
                 continue
             told = False
-            async for msg in sub:
-                if msg["stream"] == "log":
-                    self.write_log(log, reader, base64.b64decode(msg["data_b64"]))
-                    self.output_seen = time.monotonic()
-                elif msg["stream"] == "events":
-                    self.events = kept_events(self.events + [row for row in msg["rows"] if isinstance(row, dict)])
-                    self.facts.line = timeline(self.events)
-                    self.show_selected()
-                elif msg["stream"] == "metrics":
-                    progress.add([row for row in msg["rows"] if isinstance(row, dict)], time.time(), not history)
-                    history = False
-                    metrics.receive(msg["rows"], msg["next_offset"])
-                    await self.feed(run_id)
-                elif msg["stream"] == "end":
-                    ended = msg.get("error") or f"run {run_id} {msg['state']}"
-                    self.write_log(log, reader, b"", end=True)
-                    log.add(f"— {ended} —")
-                    return
+            try:
+                async for msg in sub:
+                    if msg["stream"] == "log":
+                        self.write_log(log, reader, base64.b64decode(msg["data_b64"]))
+                        self.output_seen = time.monotonic()
+                    elif msg["stream"] == "events":
+                        self.events = kept_events(self.events + [row for row in msg["rows"] if isinstance(row, dict)])
+                        self.facts.line = timeline(self.events)
+                        self.show_selected()
+                    elif msg["stream"] == "metrics":
+                        progress.add([row for row in msg["rows"] if isinstance(row, dict)], time.time(), not history)
+                        history = False
+                        metrics.receive(msg["rows"], msg["next_offset"])
+                        await self.feed(run_id)
+                    elif msg["stream"] == "end":
+                        ended = msg.get("error") or f"run {run_id} {msg['state']}"
+                        self.write_log(log, reader, b"", end=True)
+                        log.add(f"— {ended} —")
+                        return
+            finally:
+                self.run_worker(self.let_go(sub, generation), group="unsubscribe", exit_on_error=False)
             offsets = dict(sub.offsets)  # the link dropped: resume here once the poll has reconnected
             while self.client.generation == generation:
                 await asyncio.sleep(0.2)
+
+    async def let_go(self, sub: Subscription, generation: int) -> None:
+        """The host stops sending what the follow no longer reads (another run chosen, its run ended). Left open, the
+        agent streamed it on and the client queued it all for no one: 12 MiB a minute after leaving a run that wrote
+        100 rows and lines a second, until the link dropped. Not over a link made since: there its number may be
+        another subscription's."""
+        if self.client.generation == generation:
+            await sub.close()
 
     def write_log(self, log: TailLog, reader: LineReader, data: bytes, end: bool = False) -> None:
         """Write the complete lines (at the run's `end`, the last one too, had it no newline); a progress bar being
