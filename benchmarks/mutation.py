@@ -122,6 +122,8 @@ TARGETS: dict[str, Target] = {
             "tests/test_failure_reasons.py",
             # the one of the metrics tests with a real supervisor (the others drive the follower alone)
             "tests/test_metrics_sources.py::test_supervisor_turns_specforge_output_into_rows",
+            # the GPU sampler the supervisor hands its watch: a silent process on a busy GPU is not stalled
+            "tests/test_watch.py::test_a_silent_process_on_a_busy_gpu_is_not_stalled_until_the_gpu_goes_idle",
         ),
     ),
     "procinfo": Target(("backends/host/procinfo.py",), ("tests/test_procinfo.py", "tests/test_faults_records.py")),
