@@ -160,6 +160,9 @@ def test_a_run_starts_in_its_folder_writes_its_rows_where_told_and_leaves_the_su
     assert run.file("output.log").read_text() == f"{tmp_path}\n"
     assert read_jsonl(run.file(METRICS))[0] == [{"step": 1, "loss": 2.5}]
     assert run.file("supervisor.log").read_text() == ""  # nothing went wrong: nothing to say
+    told = [(e["type"], e.get("state")) for e in run.events()]
+    began = [("supervisor_started", None), ("spawned", None), ("state", "running")]
+    assert told == [*began, ("exit", None), ("state", "exited")]
 
 
 def test_a_python_run_prints_as_it_goes_even_when_the_launch_says_nothing_of_buffering(
