@@ -26,7 +26,7 @@ from backends.runs import control as runctl
 from backends.runs.store import RunDir, RunSpec, RunStore, StoreError
 from tests.conftest import wait_for
 from tests.draft_fixtures import HIDDEN, good_draft, write_target
-from tests.test_faults_processes import fill
+from tests.test_faults_processes import CLEANUP_ON_TERM, fill
 
 SLEEP = [sys.executable, "-c", "import time; time.sleep(60)"]
 
@@ -317,3 +317,14 @@ def test_a_draft_doctor_finds_errors_in_refuses_the_launch_naming_them(tmp_path:
         "doctor found 2 error(s) in the draft (fc-width); fix them, or launch with --force to start anyway"
     )
     assert runctl.gate(spec, force=True)["doctor"] == refused.value.details
+
+
+def test_a_kill_by_default_terms_the_run_and_reports_the_cleanup_it_left_to_its_grace_unsignalled(
+    workdir: Path, tmp_path: Path
+) -> None:
+    """test_faults_processes' launcher that starts a cleanup (1.5 s) when told to stop, killed with kill's defaults."""
+    run = launched(RunStore(workdir), [sys.executable, "-c", CLEANUP_ON_TERM, str(tmp_path), "1.5"])
+    wait_for(lambda: run.file("output.log").read_text() == "up\n", 20, "the child up")
+    report = runctl.kill(run)
+    assert not report["escalated"] and (tmp_path / "cleanup-done").exists()
+    assert sorted((p["signals"], p["died"]) for p in report["processes"]) == [([], True), (["TERM"], True)]
