@@ -224,8 +224,10 @@ def report(samples: Path, warmup_min: float) -> int:
     rows = [json.loads(line) for line in samples.read_text().splitlines() if line.strip()]
     header = rows[0].get("header", {}) if rows else {}
     data = [r for r in rows if "min" in r]
+    noted = samples.parent / "COMMIT"  # a soak run from an exported tree (no git there) has its commit noted beside
+    ran = header.get("commit") or (noted.read_text().strip() if noted.exists() else "unknown")
     print(
-        f"soak: {samples} — commit {header.get('commit')}, started {header.get('started')}, "
+        f"soak: {samples} — commit {ran}, started {header.get('started')}, "
         f"{header.get('size')}, runs at {header.get('rates')} rows+lines/s, {len(data)} samples"
     )
     table = [
