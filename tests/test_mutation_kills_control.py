@@ -328,3 +328,26 @@ def test_a_kill_by_default_terms_the_run_and_reports_the_cleanup_it_left_to_its_
     report = runctl.kill(run)
     assert not report["escalated"] and (tmp_path / "cleanup-done").exists()
     assert sorted((p["signals"], p["died"]) for p in report["processes"]) == [([], True), (["TERM"], True)]
+
+
+def test_a_launch_answers_with_its_running_child_and_records_what_was_launched_masked(
+    workdir: Path, tmp_path: Path
+) -> None:
+    store = RunStore(workdir)
+    spec = RunSpec(kind="command", argv=[*SLEEP, "--api-key", "sk-live-1"], name="nap", cwd=str(tmp_path), gpus=[1])
+    spec.env = {"HF_TOKEN": "hf_secret"}
+    reply = runctl.launch(store, spec)
+    run = store.get(reply["run"])
+    child = run.child()
+    assert child is not None and (reply["state"], reply["pid"]) == ("running", child.pid)  # not "starting"
+    [launch] = [{k: v for k, v in e.items() if k != "t"} for e in run.events() if e["type"] == "launch"]
+    assert launch == {
+        "type": "launch",
+        "kind": "command",
+        "name": "nap",
+        "argv": [*SLEEP, "--api-key", "***"],
+        "env": {"HF_TOKEN": "***"},
+        "cwd": str(tmp_path),
+        "gpus": [1],
+        "parent": None,
+    }
