@@ -111,7 +111,7 @@ def test_a_status_through_the_hosts_multiplexer_imports_no_event_loop_shutil_soc
     sshd: Sshd, tmp_path: Path
 ) -> None:
     """The second `status` of a host, answered through the multiplexer the first one left running, imports no event
-    loop, no shutil (argparse's width, with bz2 and lzma: asked of `instant.columns` instead), no socket.py (its
+    loop, no shutil (argparse's width, with bz2 and lzma: asked of `width.columns` instead), no socket.py (its
     enums of every constant) and no hashlib (OpenSSL's library, for the socket's name)."""
     runtime = Path(tempfile.mkdtemp(prefix="e3l", dir="/tmp"))  # a socket's path must fit in 108 bytes
     env = {**sshd.env(), "XDG_RUNTIME_DIR": str(runtime), reuse.IDLE_ENV: "60"}

@@ -230,7 +230,7 @@ def test_huge_integer_is_a_protocol_error() -> None:
 
 def test_defaults_are_filled() -> None:
     assert parse_request(req("kill", {"run": "r1"})).args == {"run": "r1", "signal": "TERM", "grace": 10.0}
-    assert parse_request(req("status")).args == {"gpus": True}
+    assert parse_request(req("status")).args == {"gpus": True, "ended": None, "page": 1}  # every ended run
     assert parse_request(req("metrics", {"run": "r"})).args == {"run": "r", "offset": 0}
     logs = parse_request(req("logs", {"run": "r"})).args
     assert logs == {"run": "r", "offset": None, "tail": None, "max_bytes": FRAME_BYTES}
@@ -269,7 +269,8 @@ def test_free_gpus_is_a_dry_run_unless_asked() -> None:
 def test_given_values_override_defaults() -> None:
     args = parse_request(req("kill", {"run": "r", "signal": "KILL", "grace": 0})).args
     assert args == {"run": "r", "signal": "KILL", "grace": 0}
-    assert parse_request(req("status", {"gpus": False})).args == {"gpus": False}
+    status = parse_request(req("status", {"gpus": False, "ended": 20, "page": 3})).args
+    assert status == {"gpus": False, "ended": 20, "page": 3}
 
 
 def test_default_containers_are_not_shared_between_requests() -> None:

@@ -17,8 +17,9 @@ from typing import Any, Literal, NoReturn, cast
 
 import backends
 from backends.protocol import MIN_INTERVAL_S, RUN_KINDS, SIGNAL_NAMES, parse_source
-from console.cli import config, instant
+from console.cli import config
 from console.cli.config import UsageError
+from console.cli.width import columns
 
 # The global options that take a value: the word after each is not HOST.
 VALUED_OPTIONS = ("--workdir", "--remote-python", "--timeout", "--config")
@@ -32,8 +33,8 @@ class Parser(argparse.ArgumentParser):
 
     def _get_formatter(self) -> argparse.HelpFormatter:
         """argparse's own, at the width it would find: argparse asks shutil, whose import (bz2 and lzma with it) was
-        a tenth of a quick `status`'s imports, for each argument it adds (`instant.columns` reads the same)."""
-        return self.formatter_class(prog=self.prog, width=instant.columns() - 2)  # type: ignore[call-arg]
+        a tenth of a quick `status`'s imports, for each argument it adds (`width.columns` reads the same)."""
+        return self.formatter_class(prog=self.prog, width=columns() - 2)  # type: ignore[call-arg]
 
 
 def gpu_list(text: str) -> list[int]:

@@ -15,10 +15,11 @@ import binascii
 import os
 import sys
 
+from console.cli.width import columns
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ALONE = (["--version"], ["--help"], ["-h"])
 HELP_SOURCES = ("grammar.py", "config.py")  # the modules that hold the words of the command line's --help
-FALLBACK_COLUMNS = 80  # shutil.get_terminal_size's fallback, which argparse takes
 LANGUAGE_ENV = ("LANGUAGE", "LC_ALL", "LC_MESSAGES", "LANG")  # what gettext reads for argparse's "usage:", "options:"
 
 
@@ -94,24 +95,6 @@ def help_key() -> str | None:
         stamps.append(f"{path}:{st.st_size}:{st.st_mtime_ns}")
     key = " ".join(stamps)
     return None if "\n" in key else key
-
-
-def columns() -> int:
-    """The width argparse's HelpFormatter reads (`shutil.get_terminal_size().columns`, without importing shutil):
-    $COLUMNS when it is a positive number, else the terminal's of sys.__stdout__, else 80."""
-    try:
-        named = int(os.environ["COLUMNS"])
-    except (KeyError, ValueError):
-        named = 0
-    if named > 0:
-        return named
-    stdout = sys.__stdout__
-    if stdout is None:
-        return FALLBACK_COLUMNS
-    try:
-        return os.get_terminal_size(stdout.fileno()).columns or FALLBACK_COLUMNS
-    except (AttributeError, ValueError, OSError):
-        return FALLBACK_COLUMNS
 
 
 def cache_folder() -> str:
