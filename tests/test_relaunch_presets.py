@@ -51,8 +51,8 @@ async def test_the_relaunch_dialog_offers_the_runs_sglang_spelling_and_its_previ
         assert presets == [NEW_SPELLING, "--disable-custom-all-reduce", "--mem-fraction-static=0.8"]
         await pilot.click("Button.preset")
         await pilot.press("enter")
-        confirm = await until(
-            pilot, lambda: app.screen if isinstance(app.screen, ConfirmScreen) else None, what="the preview"
+        confirm = await until(  # SGLang's parser checks the new flags first: 20 s at a load of 10
+            pilot, lambda: app.screen if isinstance(app.screen, ConfirmScreen) else None, 90, what="the preview"
         )
         spelled = "--cuda-graph-backend-decode disabled --cuda-graph-backend-prefill disabled"
         assert f"--model-path /nowhere {spelled}" in confirm.details
@@ -65,8 +65,8 @@ async def test_the_relaunch_dialog_offers_the_runs_sglang_spelling_and_its_previ
         )
         dialog.query_one("#flags", Input).value = "--disable-cuda-graph"
         await pilot.press("enter")
-        confirm = await until(
-            pilot, lambda: app.screen if isinstance(app.screen, ConfirmScreen) else None, what="the preview"
+        confirm = await until(  # SGLang's parser checks the new flags first: 20 s at a load of 10
+            pilot, lambda: app.screen if isinstance(app.screen, ConfirmScreen) else None, 90, what="the preview"
         )
         assert f"warning: SGLang 0.5.23's argument parser accepts this command line but warns: {DEPRECATED}" in (
             confirm.details
