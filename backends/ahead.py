@@ -16,11 +16,12 @@ class _Failure:
 
 
 _END = object()
+JOIN_S = 120.0  # how long closing waits for the item being made: more than a slow shard read takes
 
 
 def background(items: Iterable[T], depth: int = 2) -> Generator[T, None, None]:
     """`items`, produced in a thread `depth` ahead; an exception there is raised here, and closing this
-    generator stops the thread (and closes `items`)."""
+    generator stops the thread (and closes `items`) once it has made the item it was making."""
     slots: queue.Queue[object] = queue.Queue(maxsize=depth)
     stop = threading.Event()
 
@@ -58,3 +59,7 @@ def background(items: Iterable[T], depth: int = 2) -> Generator[T, None, None]:
             yield cast(T, value)
     finally:
         stop.set()
+        # The item being made (a shard read, tensors built) is finished before this returns: a thread still in
+        # torch when the interpreter exits aborts the process ("terminate called without an active exception",
+        # a trained run reported failed by SIGABRT after its last save).
+        thread.join(timeout=JOIN_S)
