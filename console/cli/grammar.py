@@ -172,8 +172,8 @@ def command(
 ENDED_SHOWN = 20  # the ended runs `status` shows besides the live ones, the newest ended first
 
 
-class EveryRun(argparse._StoreTrueAction):
-    """`status --all`, which pages nothing: refused beside --page, in either order."""
+class AllPagesNothing(argparse.Action):
+    """`status --all` pages nothing: --all beside a --page other than 1 is refused, in either order."""
 
     def __call__(
         self,
@@ -182,22 +182,11 @@ class EveryRun(argparse._StoreTrueAction):
         values: str | Sequence[Any] | None,
         option_string: str | None = None,
     ) -> None:
-        if getattr(namespace, "page", 1) != 1:
+        every = self.dest == "all" or getattr(namespace, "all", False)
+        page = cast(object, values) if self.dest == "page" else getattr(namespace, "page", 1)  # `positive`: an int
+        if every and page != 1:
             parser.error("--all lists every run on one page; leave out --page")
-        super().__call__(parser, namespace, values, option_string)
-
-
-class Page(argparse._StoreAction):
-    def __call__(
-        self,
-        parser: argparse.ArgumentParser,
-        namespace: argparse.Namespace,
-        values: str | Sequence[Any] | None,
-        option_string: str | None = None,
-    ) -> None:
-        if getattr(namespace, "all", False) and cast(object, values) != 1:  # `positive` made it an int
-            parser.error("--all lists every run on one page; leave out --page")
-        super().__call__(parser, namespace, values, option_string)
+        setattr(namespace, self.dest, True if self.dest == "all" else values)
 
 
 @command(
@@ -209,7 +198,7 @@ def status(p: Parser) -> None:
     run_argument(p, nargs="?", help="one run, every field whole (the runs table cuts large ones)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     shown = p.add_mutually_exclusive_group()
-    shown.add_argument("--all", action=EveryRun, help="every run, however many ended")
+    shown.add_argument("--all", action=AllPagesNothing, nargs=0, default=False, help="every run, however many ended")
     shown.add_argument(
         "--limit",
         type=positive,
@@ -218,7 +207,12 @@ def status(p: Parser) -> None:
         help=f"ended runs shown, the newest ended first (default {ENDED_SHOWN}); live runs are always shown",
     )
     p.add_argument(
-        "--page", type=positive, default=1, action=Page, metavar="P", help="page P of the ended runs: 2 is the next N"
+        "--page",
+        type=positive,
+        default=1,
+        action=AllPagesNothing,
+        metavar="P",
+        help="page P of the ended runs: 2 is the next N",
     )
 
 
