@@ -499,8 +499,12 @@ class ConsoleApp(App[None]):
                         self.write_log(log, reader, b"", end=True)
                         log.add(f"— {ended} —")
                         return
-            finally:
+            except BaseException:
+                # Left for another run (cancelled), or failed: the host stops sending what no one reads. A stream
+                # that ended, or whose link dropped, has nothing left at the host to stop; an unsubscribe then went
+                # out on the dead link and made a second reconnect.
                 self.run_worker(self.let_go(sub, generation), group="unsubscribe", exit_on_error=False)
+                raise
             offsets = dict(sub.offsets)  # the link dropped: resume here once the poll has reconnected
             while self.client.generation == generation:
                 await asyncio.sleep(0.2)
