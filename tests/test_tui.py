@@ -241,7 +241,9 @@ async def test_a_servers_curves_are_its_accept_length_and_throughput(workdir: Pa
         launched = await client.launch("serve", argv, health_url=f"http://127.0.0.1:{port}/health")
     async with console_on(LocalTransport(workdir), launched["run"]) as (app, pilot):
         accept, throughput = app.query_one(ChartsPanel).charts
-        store = app.run_metrics[launched["run"]].store
+        # The run's store is made by its follow, a moment after the run is selected.
+        followed = await until(pilot, lambda: app.run_metrics.get(launched["run"]), what="the run's follow")
+        store = followed.store
         await until(pilot, lambda: len(store.series("accept_len") or []) == 8, timeout=30, what="eight decode rows")
         assert (accept.spec, throughput.spec) == (("accept_len", "ttft_p50"), ("gen_throughput",))
         await until(pilot, lambda: "accept_len 3.2" in accept.text().plain, what="the last accept length")
