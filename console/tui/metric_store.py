@@ -257,12 +257,7 @@ class Series:
             self._smooth.values.append(self._ema / (1.0 - self.smoothing**self._finite))
         else:
             self._smooth.values.append(y)
-            if self._nf_end and self._nf_end[-1] == i:
-                self._nf_end[-1] = i + 1
-            else:
-                self._nf_before.append(self._nonfinite_before(i))
-                self._nf_start.append(i)
-                self._nf_end.append(i + 1)
+            self._mark_nonfinite(i)
         if not (i + 1) & _MASK:
             dirty = bool(self._nf_end) and self._nf_end[-1] > i + 1 - _FAN
             self._raw.close_block(dirty)
@@ -392,12 +387,7 @@ class Series:
                 seen += 1
                 last = new_smooth[i]
             else:
-                if self._nf_end and self._nf_end[-1] == i:
-                    self._nf_end[-1] = i + 1
-                else:
-                    self._nf_before.append(self._nonfinite_before(i))
-                    self._nf_start.append(i)
-                    self._nf_end.append(i + 1)
+                self._mark_nonfinite(i)
                 if not dirty or dirty[-1] != i >> _SHIFT:
                     dirty.append(i >> _SHIFT)
             if not (i + 1) & _MASK:
@@ -405,6 +395,15 @@ class Series:
                 self._ckpt_finite.append(seen)
         self._raw.rebuild(new_raw, dirty)
         self._smooth.rebuild(new_smooth, dirty)
+
+    def _mark_nonfinite(self, i: int) -> None:
+        """Point i, the newest, is NaN/inf: it extends the last run of such points or starts one."""
+        if self._nf_end and self._nf_end[-1] == i:
+            self._nf_end[-1] = i + 1
+        else:
+            self._nf_before.append(self._nonfinite_before(i))
+            self._nf_start.append(i)
+            self._nf_end.append(i + 1)
 
     def _truncate(self, n: int) -> None:
         """Keep the first n points only."""
