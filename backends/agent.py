@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, cast
 import backends
 from backends import protocol
 from backends.bounded import bounded_info, within_budget
-from backends.fileio import read_jsonl
+from backends.fileio import last_lines_start, read_jsonl
 from backends.host import procinfo
 from backends.host.gpus import GpuSampler, infer_by_visible_devices
 from backends.masking import mask_argv
@@ -59,6 +59,7 @@ from backends.protocol import (
 from backends.runs import control as runctl
 from backends.runs import index as runindex
 from backends.runs import job, once
+from backends.runs.metric_view import MAX_VIEW_POINTS, MIN_VIEW_POINTS, metrics_view
 from backends.runs.store import (
     DEFAULT_WORKDIR,
     EVENTS,
@@ -121,28 +122,8 @@ def tail_offset(path: Path, lines: int) -> int:
     size = file_size(path)
     if lines <= 0:
         return size
-    pos = size
-    found = 0
-    block = 64 * 1024
     with open(path, "rb") as fh:
-        # A final line without newline counts as a line; skip its terminator otherwise.
-        fh.seek(max(0, size - 1))
-        if size and fh.read(1) == b"\n":
-            pos -= 1
-        while pos > 0:
-            start = max(0, pos - block)
-            fh.seek(start)
-            data = fh.read(pos - start)
-            idx = len(data)
-            while True:
-                idx = data.rfind(b"\n", 0, idx)
-                if idx < 0:
-                    break
-                found += 1
-                if found == lines:
-                    return start + idx + 1
-            pos = start
-    return 0
+        return last_lines_start(fh, size, lines)
 
 
 @dataclass
@@ -653,8 +634,18 @@ class Agent:
             "state": state,
         }
 
-    async def op_metrics(self, run: str, offset: int) -> MetricsResult:
-        return rows_chunk(self.store.get(run).file(METRICS), offset)
+    async def op_metrics(
+        self, run: str, offset: int, points: int | None, coarse: bool, until: int | None
+    ) -> MetricsResult:
+        path = self.store.get(run).file(METRICS)
+        if points is not None:
+            if not MIN_VIEW_POINTS <= points <= MAX_VIEW_POINTS:
+                raise runctl.OpError("bad_args", f"points must be {MIN_VIEW_POINTS} to {MAX_VIEW_POINTS}, not {points}")
+            # a pass over the whole history: off the loop, so the streams of others go on meanwhile
+            view = await asyncio.to_thread(metrics_view, path, offset, points, coarse=coarse, until=until)
+            if view is not None:
+                return view
+        return {**rows_chunk(path, offset), "thinned": False}
 
     async def op_events(self, run: str, offset: int) -> EventsResult:
         return rows_chunk(self.store.get(run).file(EVENTS), offset)

@@ -15,7 +15,7 @@ import os
 import secrets
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 # The run store is its owner's alone, whatever the umask: specs hold the env a run needs (tokens).
 PRIVATE_DIR = 0o700
@@ -209,6 +209,26 @@ def shallow(value: Any, depth: int = MAX_ROW_DEPTH) -> bool:
         if not level:
             return True
     return False
+
+
+def last_lines_start(fh: IO[bytes], end: int, lines: int, floor: int = 0) -> int:
+    """Where the last `lines` lines of `fh` before `end` begin, `floor` at the earliest: `end` is just past a
+    line's newline or the end of a last line without one, which counts as a line too."""
+    pos, found, block = end, 0, 64 * 1024
+    fh.seek(max(floor, end - 1))
+    if end > floor and fh.read(1) == b"\n":
+        pos -= 1
+    while pos > floor:
+        start = max(floor, pos - block)
+        fh.seek(start)
+        data = fh.read(pos - start)
+        idx = len(data)
+        while (idx := data.rfind(b"\n", 0, idx)) >= 0:
+            found += 1
+            if found == lines:
+                return start + idx + 1
+        pos = start
+    return floor
 
 
 def read_jsonl(path: str | Path, offset: int = 0, max_bytes: int = 64 * 1024 * 1024) -> tuple[list[Any], int, int]:

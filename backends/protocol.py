@@ -186,6 +186,23 @@ def nonfinite_spelled(value: object) -> float | None:
     return NONFINITE_SPELLINGS.get(value.strip().lower()) if isinstance(value, str) else None
 
 
+def metric_number(name: str, value: object) -> float | None:
+    """A metric row's value as a point of its series, or None if it is not one (text other than `nan`/`inf`, None,
+    a flag other than `plateau`): what the console plots and what the agent's thinned view keeps extremes of."""
+    if isinstance(value, bool):
+        return float(value) if name == Metric.PLATEAU else None
+    if isinstance(value, float):
+        return value
+    if isinstance(value, str):  # NaN or an infinity as a JSON-only writer spells it (our trainer's), else text
+        return nonfinite_spelled(value)
+    if isinstance(value, int):
+        try:
+            return float(value)
+        except OverflowError:  # an int beyond a double: as far off the chart as it gets
+            return math.copysign(math.inf, value)
+    return None
+
+
 class NonfiniteValue(TypedDict):
     """A metric value that is NaN or infinite among a run's latest rows: its series, its row's step (None: the row
     has none) and the value as text (`nan`, `inf`, `-inf`)."""
@@ -470,7 +487,13 @@ class RowsChunk(TypedDict):
     next_offset: int
 
 
-MetricsResult = RowsChunk
+class MetricsResult(RowsChunk):
+    """A run's metric rows from an offset; `thinned`: asked with `points` over more rows than that, the rows are
+    a view of the range (`backends.runs.metric_view`), not all of it."""
+
+    thinned: bool
+
+
 EventsResult = RowsChunk
 
 
@@ -679,7 +702,13 @@ OPS: dict[str, _ArgSpec] = {
         "tail": (_OPT_INT, False, None),
         "max_bytes": (_INT, False, FRAME_BYTES),  # at most FRAME_BYTES, whatever is asked
     },
-    "metrics": {"run": (_STR, True, None), "offset": (_INT, False, 0)},
+    "metrics": {
+        "run": (_STR, True, None),
+        "offset": (_INT, False, 0),
+        "points": (_OPT_INT, False, None),  # a view of about this many rows, to the end (`until`), for a chart
+        "coarse": (_BOOL, False, False),  # that view sampled: a first look in milliseconds, before the full one
+        "until": (_OPT_INT, False, None),
+    },
     "events": {"run": (_STR, True, None), "offset": (_INT, False, 0)},
     "subscribe": {
         "run": (_OPT_STR, False, None),

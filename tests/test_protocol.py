@@ -231,7 +231,8 @@ def test_huge_integer_is_a_protocol_error() -> None:
 def test_defaults_are_filled() -> None:
     assert parse_request(req("kill", {"run": "r1"})).args == {"run": "r1", "signal": "TERM", "grace": 10.0}
     assert parse_request(req("status")).args == {"gpus": True, "ended": None, "page": 1}  # every ended run
-    assert parse_request(req("metrics", {"run": "r"})).args == {"run": "r", "offset": 0}
+    metrics = {"run": "r", "offset": 0, "points": None, "coarse": False, "until": None}
+    assert parse_request(req("metrics", {"run": "r"})).args == metrics
     logs = parse_request(req("logs", {"run": "r"})).args
     assert logs == {"run": "r", "offset": None, "tail": None, "max_bytes": FRAME_BYTES}
     launch = parse_request(req("launch", {"kind": "serve", "argv": ["python", "-m", "sglang"]})).args

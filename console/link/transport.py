@@ -360,8 +360,14 @@ class AgentOps(abc.ABC):
         result = await self.request("logs", run=run, offset=offset, tail=tail, max_bytes=max_bytes)
         return cast(LogChunk, result)
 
-    async def metrics(self, run: str, *, offset: int = 0) -> MetricsResult:
-        return cast(MetricsResult, await self.request("metrics", run=run, offset=offset))
+    async def metrics(
+        self, run: str, *, offset: int = 0, points: int | None = None, coarse: bool = False, until: int | None = None
+    ) -> MetricsResult:
+        """The run's metric rows from `offset`, a frame of them; with `points`, all of them to the end (or to
+        `until`) thinned to about that many when there are more (`thinned`), for a chart: sampled if `coarse`,
+        else keeping every series' extremes (`backends.runs.metric_view`)."""
+        reply = await self.request("metrics", run=run, offset=offset, points=points, coarse=coarse, until=until)
+        return cast(MetricsResult, reply)
 
     async def events(self, run: str, *, offset: int = 0) -> EventsResult:
         """The run's events from `offset`: its phases, health answers and stalls (a timeline's source)."""

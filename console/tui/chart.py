@@ -101,6 +101,9 @@ class RunMetrics:
     offset: int = 0
     backlog: deque[MetricRow] = field(default_factory=deque)
     fetched: bool = False  # its history was read whole once (a parent's, for the overlay)
+    # The rows plotted since a coarse first look at its history, until the full view replaces that look: they are
+    # added again after it (a second or so of rows, only then)
+    since_coarse: list[MetricRow] | None = None
 
     def receive(self, rows: Iterable[object], next_offset: int) -> None:
         self.backlog.extend(row for row in rows if isinstance(row, dict))

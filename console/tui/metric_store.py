@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from itertools import pairwise
 
-from backends.protocol import Metric, MetricRow, NonfiniteValue, nonfinite_spelled
+from backends.protocol import Metric, MetricRow, NonfiniteValue, metric_number
 from console.visible import printable
 
 DEFAULT_SMOOTHING = 0.6  # TensorBoard's default weight
@@ -433,23 +433,6 @@ def _weight(smoothing: float) -> float:
     return smoothing
 
 
-def series_value(name: str, value: object) -> float | None:
-    """A row value as a y, or None if it is not a series (text other than `nan`/`inf`, None, a flag other than
-    `plateau`)."""
-    if isinstance(value, bool):
-        return float(value) if name == Metric.PLATEAU else None
-    if isinstance(value, float):
-        return value
-    if isinstance(value, str):  # NaN or an infinity as a JSON-only writer spells it (our trainer's), else text
-        return nonfinite_spelled(value)
-    if isinstance(value, int):
-        try:
-            return float(value)
-        except OverflowError:  # an int beyond a double: as far off the chart as it gets
-            return math.copysign(_INF, value)
-    return None
-
-
 class MetricStore:
     """All the series of one run, fed its metric rows in arrival order.
 
@@ -490,7 +473,7 @@ class MetricStore:
             if written in (Metric.STEP, Metric.TIME):
                 continue
             name = printable(written)
-            y = series_value(name, value)
+            y = metric_number(name, value)
             if y is None:
                 continue
             series = self._series.get(name)
@@ -522,5 +505,5 @@ class MetricStore:
 
 def _x(value: object) -> float | None:
     """A row value as an x: a finite number, not a flag."""
-    x = None if isinstance(value, bool) else series_value("", value)
+    x = None if isinstance(value, bool) else metric_number("", value)
     return x if x is not None and x - x == 0.0 else None
