@@ -37,6 +37,7 @@ from console.tui.chart import ChartPicker, ChartsPanel, RunMetrics, choices, def
 from console.tui.commands import RunCommands
 from console.tui.dialogs import ConfirmScreen, HelpScreen, RelaunchScreen, TextScreen
 from console.tui.gpu_panel import GpuPanel
+from console.tui.heap import TRIM_EVERY_S, release_free_heap
 from console.tui.keys import BINDINGS, rebound
 from console.tui.log import FindPrompt, LineReader, TailLog, log_text
 from console.tui.metric_store import MAX_POINTS, MetricStore
@@ -133,6 +134,7 @@ class ConsoleApp(App[None]):
         self.query_one("#link").display = False
         # The live counters (silent for, the current phase) move while the selected run lives; else it sleeps
         self.ticker = self.set_interval(1.0, self.show_selected, pause=True)
+        self.set_interval(TRIM_EVERY_S, release_free_heap)  # open for weeks: its RSS stays what it holds
         self.poll()
 
     def own_themes(self) -> list[str]:
