@@ -72,14 +72,18 @@ async def measure(
         argv = [sys.executable, "-c", WRITER, str(history), str(rate), "logs" if logs else "-"]
         run_id = (await client.launch("train", argv))["run"]
     written = RunStore(workdir).get(run_id).file(METRICS)
-    while file_lines(written) < history:  # the history is written before the console opens: its load is timed alone
+    # the history (with its eval rows) is written before the console opens: its load is timed alone
+    while file_lines(written) < history + history // 50:
         await asyncio.sleep(0.1)
     redraws = 0
+    shown_at: float | None = None
     draw = MetricChart.draw
 
     def counted(self: MetricChart, width: int, height: int) -> object:
-        nonlocal redraws
+        nonlocal redraws, shown_at
         redraws += 1
+        if shown_at is None and reached(app, run_id, history):  # the first drawing with the history's end
+            shown_at = time.monotonic()
         return draw(self, width, height)
 
     MetricChart.draw = counted  # type: ignore[method-assign,assignment]
@@ -96,12 +100,9 @@ async def measure(
         async with app.run_test(size=size) as pilot:
             start = time.monotonic()
             ticker = app.set_interval(0.01, tick)
-            while not reached(app, run_id, history):  # the coarse first look, or the rows streamed whole
+            while shown_at is None:  # the coarse first look, or the rows streamed whole, drawn
                 await pilot.pause(0.01)
-            drawn = redraws
-            while redraws == drawn:
-                await pilot.pause(0.01)
-            shown_s = time.monotonic() - start
+            shown_s = shown_at - start
             while app.run_metrics[run_id].since_coarse is not None:  # the full view swapped in
                 await pilot.pause(0.01)
             loaded_s, freeze_ms = time.monotonic() - start, longest_gap * 1000

@@ -552,6 +552,8 @@ class ConsoleApp(App[None]):
             return None
         metrics.receive(reply["rows"], reply["next_offset"])
         await self.feed(run_id)
+        if self.followed == run_id:
+            self.query_one(ChartsPanel).arrived()
         if reply["thinned"]:
             metrics.since_coarse = []  # from here: the look's own rows are in the full view
             self.refine(run_id, metrics, reply["next_offset"])

@@ -188,6 +188,14 @@ class MetricChart(Widget, can_focus=True):
             else:
                 self._redraw()
 
+    def changed_now(self) -> None:
+        """What it shows changed and is awaited (a run's history came in): redrawn on the next frame, whatever the
+        last redraws cost."""
+        self._version += 1
+        if self._timer is not None:
+            self._timer.stop()
+        self._redraw()
+
     def _redraw(self) -> None:
         self._timer = None
         self._last_redraw = time.monotonic()
@@ -338,6 +346,12 @@ class ChartsPanel(Widget):
         self.fill()
         for chart in self.charts:
             chart.touch(names)
+
+    def arrived(self) -> None:
+        """A run's history came in: drawn at once, not on the beat of streaming points."""
+        self.fill()
+        for chart in self.charts:
+            chart.changed_now()
 
     def fill(self) -> None:
         """A chart with nothing to show (a command's) takes the run's next series, in the order it wrote them,
