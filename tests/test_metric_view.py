@@ -1,6 +1,5 @@
 """A long metric history shown at once: the agent's thinned views of a run's metrics.jsonl (`backends.runs.metric_view`)
-on real files, through a real local agent, and in the real console (its coarse first look, then the full view
-swapped in with the rows that came meanwhile)."""
+on real files and through a real local agent (the console's side: tests/test_tui_left_open.py)."""
 
 from __future__ import annotations
 
@@ -18,13 +17,9 @@ from hypothesis import strategies as st
 from backends.runs import metric_view
 from backends.runs.metric_view import RECENT_FRACTION, metrics_view
 from backends.runs.store import METRICS, RunStore
-from console.fleet.hosts import Fleet
 from console.link.client import AgentClient
 from console.link.local import LocalTransport
 from console.link.transport import AgentError
-from console.tui.app import ConsoleApp
-from console.tui.panels import RunsTable
-from tests.conftest import until
 
 Row = dict[str, Any]
 
@@ -166,44 +161,3 @@ async def test_the_agent_serves_a_view_and_refuses_a_bad_size(workdir: Path) -> 
         with pytest.raises(AgentError, match="points must be 16 to 65536"):
             await client.metrics(run, points=3)
         await client.kill(run, signal="KILL", grace=0.0)
-
-
-WRITER = """
-import json, math, os, sys, time
-with open(os.environ['EAGLE3_METRICS_FILE'], 'a') as m:
-    rows = [{'step': s, 'loss': 50.0 if s == 777 else 5.0 / math.sqrt(s), 'lr': 1e-4} for s in range(1, 30001)]
-    m.write(''.join(json.dumps(r) + '\\n' for r in rows))
-    m.flush()
-    s = 30000
-    while True:
-        s += 1
-        m.write(json.dumps({'step': s, 'loss': 0.01, 'lr': 1e-4}) + '\\n')
-        m.flush()
-        time.sleep(0.02)
-"""
-
-
-async def test_the_console_shows_a_long_history_coarse_first_then_every_spike(workdir: Path) -> None:
-    async with AgentClient(LocalTransport(workdir)) as client:
-        run = (await client.launch("train", [sys.executable, "-c", WRITER]))["run"]
-    path = RunStore(workdir).get(run).file(METRICS)
-    app = ConsoleApp(Fleet.one(LocalTransport(workdir)))
-    try:
-        async with app.run_test(size=(160, 48)) as pilot:
-            await until(pilot, lambda: path.exists() and path.stat().st_size > 30_000 * 40, what="the history")
-            await until(pilot, lambda: app.query_one(RunsTable).selected_run() == run, what="the run")
-            metrics = await until(pilot, lambda: app.run_metrics.get(run), what="its follow")
-            coarse = await until(pilot, lambda: metrics.store if metrics.store.rows else None, what="a first look")
-            loss = coarse.series("loss")
-            assert loss is not None and loss.last is not None and loss.last[0] >= 30_000  # its end, at once
-            await until(pilot, lambda: metrics.since_coarse is None, timeout=30, what="the full view")
-            assert metrics.store is not coarse  # swapped in
-            full = metrics.store.series("loss")
-            assert full is not None and (777.0, 50.0) in list(full.points())  # the spike, long past
-            await until(pilot, lambda: full.last is not None and full.last[0] > 30_100, what="live rows after it")
-            steps = [x for x, _ in full.points()]
-            assert steps == sorted(steps) and len(steps) == len(set(steps))  # no row twice, none out of order
-            await pilot.press("q")
-    finally:
-        async with AgentClient(LocalTransport(workdir)) as client:
-            await client.kill(run, signal="KILL", grace=0.0)

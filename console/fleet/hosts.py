@@ -249,6 +249,8 @@ class Fleet(AgentOps):
             "runs": runs,
             "gpus": gpus,
             "omitted": sum(status["omitted"] for _, status in known),
+            "ended_total": sum(status.get("ended_total", 0) for _, status in known),
+            "hidden": sum(status.get("hidden", 0) for _, status in known),
             "links": {host: self.down.get(host) or problems.get(host) for host in self.clients},
             "down_since": {host: since for host, since in self.down_since.items() if host in self.down},
         }

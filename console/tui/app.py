@@ -59,6 +59,9 @@ LOG_TAIL_LINES = 200
 PROGRESS_CHARS = 200
 LOUD_TIMEOUT_S = 15.0  # errors and stalls stay up longer than news
 MAX_LINEAGE = 50  # attempts followed back through their parents for the last one that logged
+# Ended runs the table lists besides the live ones, the newest ended first: open for weeks, a poll every 2 s of
+# every run the host ever kept grew with each one (the agent's look and the reply alike)
+ENDED_LISTED = 50
 FIRST_LOOK_POINTS = 1024  # rows of a coarse first look at a long history: a few per column of the widest chart
 FEED_ROWS = 500  # metric rows added to a store between two looks at the screen: a long history loads, the UI lives
 THEME_PREFIX = "eagle3-"  # the console's own themes; Textual's others are not made for its colours
@@ -213,7 +216,7 @@ class ConsoleApp(App[None]):
             if not self.connected.is_set():
                 await self.connect()
             try:
-                status = await self.client.status(gpus=True)
+                status = await self.client.status(gpus=True, ended=ENDED_LISTED)
             except AgentError as exc:  # the agent answered but could not say: show it, ask again later
                 if lasting(exc):  # asking again gets the same refusal: leave, saying why, as the CLI does
                     await self.leave(f"status: {exc.message}")
@@ -288,7 +291,8 @@ class ConsoleApp(App[None]):
         self.polled_at = time.monotonic()
         self.gpu_error = status.get("gpu_error")
         counts = render.attention_counts(status["runs"])
-        self.sub_title = f"{self.where}  ·  {counts}" if counts else self.where
+        older = f"{hidden:,} older ended runs not listed (status --all)" if (hidden := status.get("hidden")) else ""
+        self.sub_title = "  ·  ".join(part for part in (self.where, counts, older) if part)
         now = time.time()
         for run in status["runs"]:  # how far each training and extraction got, followed or not
             if reached := run.get("progress"):
