@@ -778,7 +778,9 @@ async def run_agent(workdir: Path) -> None:
     await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
     transport, proto = await loop.connect_write_pipe(asyncio.streams.FlowControlMixin, sys.stdout)
     writer = asyncio.StreamWriter(transport, proto, None, loop)
-    agent = Agent(RunStore(workdir), writer)
+    store = RunStore(workdir)
+    runindex.sweep_leftovers(store)
+    agent = Agent(store, writer)
     try:
         await agent.serve(reader)
     finally:

@@ -172,3 +172,18 @@ def test_status_of_an_agent_that_pages_nothing_lists_every_run_in_the_same_json_
     assert quick.drive(output.cmd_status(PagesNothing(runs), ns, [])) == output.EXIT_OK
     shown = json.loads(capsys.readouterr().out)
     assert shown["runs"] == runs and (shown["ended_total"], shown["hidden"]) == (2, 0)
+
+
+def test_temp_files_of_the_index_left_by_a_killed_writer_are_swept_when_an_agent_starts(
+    cli: CLI, workdir: Path, thirty_ended: list[str]
+) -> None:
+    status_json(cli)  # the store and its index exist
+    stale, fresh = workdir / f".{INDEX}.4242.abc123.tmp", workdir / f".{INDEX}.4243.def456.tmp"
+    for leftover in (stale, fresh):
+        leftover.write_bytes(b'{"format": 1, "ended_ids": [')  # a write cut short by SIGKILL before its rename
+    old = time.time() - 3600
+    os.utime(stale, (old, old))
+    status_json(cli)  # a new agent (the CLI's local one starts with each command)
+    assert not stale.exists()
+    assert fresh.exists()  # young enough to be a live writer's
+    assert (workdir / INDEX).exists()

@@ -35,6 +35,7 @@ FORMAT = 1
 SETTLE_S = 10.0  # an exit record this old is the run's last word
 RACY_S = 2.0  # runs/ unchanged this long before its listing: the listing holds until its mtime moves
 SETTLED_STATES = frozenset({"exited", "failed", "killed", "lost"})  # of TERMINAL_STATES, all but `corrupt`
+LEFTOVER_S = 60.0  # a temp file of the index this old is a writer's that died mid-write: a write takes milliseconds
 
 
 class Look:
@@ -209,3 +210,24 @@ def _whole(data: object) -> bool:
         and data.get("crc") == binascii.crc32(lines.encode())
         and all(type(run_id) is str and RUN_ID_RE.match(run_id) for run_id in others)
     )
+
+
+def sweep_leftovers(store: RunStore) -> int:
+    """Remove the index's temp files that writers killed between the write and the rename left beside it (an agent
+    is killed with its link: each one left would stay for good); how many. Only those over LEFTOVER_S old: a
+    younger one may be a live writer's."""
+    removed, now, prefix = 0, time.time(), f".{INDEX}."
+    try:
+        entries = list(os.scandir(store.workdir))
+    except FileNotFoundError:
+        return 0
+    for entry in entries:
+        if not (entry.name.startswith(prefix) and entry.name.endswith(".tmp")):
+            continue
+        try:
+            if entry.is_file(follow_symlinks=False) and now - entry.stat(follow_symlinks=False).st_mtime > LEFTOVER_S:
+                os.unlink(entry.path)
+                removed += 1
+        except FileNotFoundError:  # another agent swept it first
+            continue
+    return removed
