@@ -489,7 +489,8 @@ class RowsChunk(TypedDict):
 
 class MetricsResult(RowsChunk):
     """A run's metric rows from an offset; `thinned`: asked with `points` over more rows than that, the rows are
-    a view of the range (`backends.runs.metric_view`), not all of it."""
+    a view of the range (`backends.runs.metric_view`), not all of it, and a coarse view's `skipped` counts the
+    garbage among the lines it read, not all of the range's."""
 
     thinned: bool
 
