@@ -5,6 +5,8 @@ free-gpus reports surviving. Run records as the agents send them."""
 
 from __future__ import annotations
 
+import asyncio
+import base64
 import sys
 import time
 from collections.abc import AsyncIterator
@@ -132,3 +134,96 @@ async def test_the_free_gpus_plan_is_of_the_gpus_chosen(client: AgentClient, nvm
     plan = await actions.free_gpus_plan(client, [1])
     assert plan["dry_run"] is True and [report["index"] for report in plan["gpus"]] == [1]
     assert [report["index"] for report in (await actions.free_gpus_plan(client))["gpus"]] == [0, 1, 2]
+
+
+# A run that ignores SIGTERM: only the KILL after the grace ends it, so how long a kill takes tells the grace the host
+# was given (the protocol's default is KILL_GRACE_S, 10 s; these pass 0.5 s).
+STUBBORN_ARGV = [
+    sys.executable,
+    "-c",
+    "import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\nprint('ready', flush=True)\ntime.sleep(60)",
+]
+SHORT_GRACE = 0.5
+
+
+async def stubborn(host: AgentClient, extra: tuple[str, ...] = (), **job: Any) -> str:
+    """A run that ignores TERM, once it has said so (before, a TERM would end it at once)."""
+    run = (await host.launch("command", [*STUBBORN_ARGV, *extra], **job))["run"]
+    for _ in range(200):
+        if b"ready" in base64.b64decode((await host.logs(run))["data_b64"]):
+            return run
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"run {run} never got ready")
+
+
+async def test_kill_sends_term_by_default_and_kill_after_the_grace_given(client: AgentClient) -> None:
+    run = await stubborn(client)
+    start = time.monotonic()
+    (done,) = await actions.kill(client, [run], grace=SHORT_GRACE)
+    assert time.monotonic() - start < actions.KILL_GRACE_S / 2  # the grace asked for, not the default
+    assert not isinstance(done, Exception)
+    assert [(p["signals"], p["died"]) for p in done["processes"]] == [(["TERM", "KILL"], True)]
+
+
+async def test_a_job_is_killed_with_term_by_default_and_the_grace_given(
+    client: AgentClient, other_host: AgentClient
+) -> None:
+    for rank, host in enumerate((client, other_host)):
+        await stubborn(host, job="sweep-8", node_rank=rank, nnodes=2)
+    start = time.monotonic()
+    killed = await actions.kill_job(Fleet.of({"a": client, "b": other_host}), "sweep-8", grace=SHORT_GRACE)
+    assert time.monotonic() - start < actions.KILL_GRACE_S / 2
+    assert [[p["signals"] for k in each or [] for p in k["processes"]] for each in killed] == [
+        [["TERM", "KILL"]],
+        [["TERM", "KILL"]],
+    ]
+
+
+async def test_a_relaunch_and_its_preview_carry_every_part_of_the_edit(client: AgentClient) -> None:
+    parent = await stubborn(client, ("--keep", "--drop"))
+    edit = actions.Edit(sets=["--added=1"], unsets=["--drop"], grace=SHORT_GRACE)
+    shown = await actions.preview(client, parent, edit)
+    assert shown["argv"][len(STUBBORN_ARGV) :] == ["--keep", "--added", "1"] and shown["would_stop"]
+    start = time.monotonic()
+    child = await actions.relaunch(client, parent, edit)
+    assert time.monotonic() - start < actions.KILL_GRACE_S / 2  # the parent stopped within the grace given
+    info = await client.run_info(child["run"])
+    assert info["argv"][len(STUBBORN_ARGV) :] == ["--keep", "--added", "1"] and info["parent"] == parent
+    await client.kill(child["run"], signal="KILL", grace=0.0)
+
+
+async def test_a_jobs_nodes_are_relaunched_together_each_old_one_stopped_first(
+    client: AgentClient, other_host: AgentClient
+) -> None:
+    for rank, host in enumerate((client, other_host)):
+        await stubborn(host, job="sweep-9", node_rank=rank, nnodes=2)
+    fleet = Fleet.of({"a": client, "b": other_host})
+    nodes = await actions.job_nodes(fleet, "sweep-9")
+    start = time.monotonic()
+    started = await actions.relaunch_nodes(
+        [(member.client, run) for member, run in nodes], actions.Edit(sets=["--n=2"], grace=SHORT_GRACE)
+    )
+    assert time.monotonic() - start < actions.KILL_GRACE_S / 2
+    for (member, old), new in zip(nodes, started, strict=True):
+        assert not isinstance(new, Exception)
+        assert (await member.client.run_info(old["id"]))["state"] == "killed"
+        info = await member.client.run_info(new["run"])
+        assert info["argv"][-2:] == ["--n", "2"] and info["parent"] == old["id"]
+        assert info["job"]["node_rank"] == old["job"]["node_rank"]
+        await member.client.kill(new["run"], signal="KILL", grace=0.0)
+
+
+async def test_free_gpus_frees_only_the_gpus_chosen(client: AgentClient, nvml_state: Path) -> None:
+    write_state(nvml_state, [gpu(), gpu(), gpu()])
+    done = await actions.free_gpus(client, [1])
+    assert done["dry_run"] is False and [report["index"] for report in done["gpus"]] == [1]
+
+
+def test_a_job_is_gathered_by_its_newest_runs_widest_node_count_past_runs_of_no_job() -> None:
+    single: RunInfo = {"id": "r-1", "state": "exited"}  # type: ignore[typeddict-item]
+    newer, older = node("r-3", 0, "running"), node("r-2", 0, "killed")
+    wide = node("r-4", 1, "running")
+    wide["job"] = {"id": "sweep-7", "node_rank": 1, "nnodes": 3}
+    (job,) = jobs.gather([("a", [single, newer, older, wide]), ("b", [node("r-0", 2, "running")])])
+    assert [n.run["id"] for n in job.nodes] == ["r-3", "r-4", "r-0"]  # of node 0 its relaunch, not the older run
+    assert job.nnodes == 3  # the widest any node said, whichever came last

@@ -209,6 +209,10 @@ def test_a_relaunch_onto_a_flag_sglang_refuses_is_refused_and_a_valid_one_goes_a
     assert refused.returncode == 1
     assert b"ambiguous option: --cuda-graph-max-bs could match" in refused.stderr
     assert runs(workdir) == [parent]
+    forced = cli("relaunch", parent, "--set", "--cuda-graph-max-bs=8", "--force", "--json")  # overruled: it starts
+    assert forced.returncode == 0, forced.stderr
+    assert json.loads(forced.stdout)["argv"][-2:] == ["--cuda-graph-max-bs", "8"]
+    cli("kill", json.loads(forced.stdout)["run"], "--grace", "1")
     accepted = cli("relaunch", parent, "--set", "--skip-server-warmup", "--json")
     assert accepted.returncode == 0, accepted.stderr
     reply = json.loads(accepted.stdout)
