@@ -198,8 +198,8 @@ def metric_number(name: str, value: object) -> float | None:
     if isinstance(value, int):
         try:
             return float(value)
-        except OverflowError:  # an int beyond a double: as far off the chart as it gets
-            return math.copysign(math.inf, value)
+        except OverflowError:  # an int beyond a double: as far off the chart as it gets (copysign would overflow too)
+            return math.inf if value > 0 else -math.inf
     return None
 
 

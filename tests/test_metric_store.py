@@ -348,3 +348,11 @@ def test_a_small_cap_thinned_for_ages_stays_within_it_and_keeps_its_extremes() -
         series.append(float(i), y)
         assert len(series) <= 64
     assert series.x_range == (0.0, 99_999.0) and series.y_range() == (-9.0, 9.0)
+
+
+def test_an_integer_beyond_a_double_is_a_point_at_infinity_not_an_error() -> None:
+    """JSON gives Python such an int whole; float() of it overflows, and so did the sign copied onto infinity."""
+    store = MetricStore()
+    assert store.add_row({"step": 1, "loss": 10**400, "lr": -(10**400)}) == {"loss", "lr"}
+    loss, lr = store.series("loss"), store.series("lr")
+    assert loss is not None and lr is not None and loss.last == (1.0, math.inf) and lr.last == (1.0, -math.inf)

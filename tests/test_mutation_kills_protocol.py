@@ -1,22 +1,31 @@
 """What benchmarks/mutation.sh found no test of in protocol.py: the one line a refused request says (its code,
 its words and the request it answers), the environment names a launch may set, which values a metric row may
-hold, the --metrics-from spellings, and what stands for a stream message too large to send."""
+hold and what each is as a point of its series, the --metrics-from spellings, what stands for a message too large
+to send, and a stream's end for falling behind."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import pytest
 
 from backends.protocol import (
+    BEHIND,
+    MAX_LINE_BYTES,
     OPS,
     ProtocolError,
+    behind_message,
     env_name_problem,
+    error_reply,
+    metric_number,
+    nonfinite_spelled,
     not_metric_values,
     parse_request,
     parse_source,
     request_line,
     too_large_end,
+    too_large_reply,
 )
 
 NUL = "contains a NUL byte, which no command line, environment or path can hold"
@@ -125,3 +134,81 @@ def test_a_stream_message_too_large_ends_its_stream_saying_why_without_a_state()
         "state": None,
     }
     assert "a log message of the agent's was 1000000000 bytes" in end["error"]
+
+
+def raw_refused(line: bytes) -> ProtocolError:
+    with pytest.raises(ProtocolError) as caught:
+        parse_request(line)
+    return caught.value
+
+
+def test_a_request_that_is_no_request_says_what_it_lacks() -> None:
+    assert raw_refused(b"[1, 2]").message == "request must be a JSON object"
+    assert raw_refused(b'{"v": 1, "op": "hello"}').message == "request needs an integer or string 'id'"
+    wrong = raw_refused(b'{"v": 1, "id": 3, "op": "hello", "args": [1]}')
+    assert (wrong.code, wrong.message, wrong.request_id) == ("bad_args", "'args' must be a JSON object", 3)
+
+
+@pytest.mark.parametrize(
+    ("op", "args", "said"),
+    [
+        ("kill", {"run": "r1", "zeta": 1, "alpha": 2}, "kill: unknown argument(s) alpha, zeta"),
+        ("kill", {"run": 5}, "kill: 'run' must be str"),
+        ("logs", {"run": "r", "tail": "x"}, "logs: 'tail' must be int/null"),
+        ("kill", {"run": "r1", "grace": float("inf")}, "kill: 'grace' must be a finite number, not inf"),
+    ],
+)
+def test_an_argument_of_the_wrong_kind_is_named_with_the_kind_wanted(op: str, args: dict[str, Any], said: str) -> None:
+    assert refused(op, args).message == said
+
+
+def test_an_error_reply_carries_its_details() -> None:
+    assert error_reply(3, "not_found", "no run r", details={"runs": ["a"]}) == {
+        "v": 1,
+        "id": 3,
+        "ok": False,
+        "error": {"code": "not_found", "message": "no run r", "details": {"runs": ["a"]}},
+    }
+
+
+def test_what_stands_for_a_message_too_large_says_so_whole() -> None:
+    reply = too_large_reply(2, "logs", 99)
+    assert reply["error"]["message"] == (
+        f"logs: the agent's reply was 99 bytes, more than one message may carry ({MAX_LINE_BYTES}); "
+        "it was dropped, and nothing else was lost (please report it: no reply should be that large)"
+    )
+    assert too_large_end(1, "log", 99)["error"] == (
+        f"a log message of the agent's was 99 bytes, more than one message may carry ({MAX_LINE_BYTES}); "
+        "the stream stopped there (please report it: no message should be that large)"
+    )
+
+
+def test_a_stream_that_fell_behind_ends_with_the_bytes_held_for_it() -> None:
+    assert behind_message(6, 1234) == {"v": 1, "sub": 6, "stream": BEHIND, "waiting": 1234}
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "number"),
+    [
+        ("loss", 1.5, 1.5),
+        ("step", 3, 3.0),
+        ("loss", " NaN ", math.nan),
+        ("loss", "-inf", -math.inf),
+        ("loss", "high", None),
+        ("loss", None, None),
+        ("done", True, None),  # a flag is a point of no series but `plateau`
+        ("plateau", True, 1.0),
+        ("plateau", False, 0.0),
+        ("loss", 10**400, math.inf),  # beyond a double: as far off the chart as it goes
+        ("loss", -(10**400), -math.inf),
+    ],
+)
+def test_a_metric_value_is_a_point_or_none(name: str, value: object, number: float | None) -> None:
+    got = metric_number(name, value)
+    assert (got is None) == (number is None)
+    if number is not None:
+        assert got is not None and (got == number or (math.isnan(got) and math.isnan(number)))
+
+
+def test_only_text_spells_a_nonfinite_value() -> None:
+    assert nonfinite_spelled(3) is None and nonfinite_spelled(" INF") == math.inf
