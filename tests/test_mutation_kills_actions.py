@@ -24,6 +24,7 @@ from console.link.local import LocalTransport
 from console.link.transport import AgentError
 from tests.conftest import kill_runs_of
 from tests.fake_nvml import gpu, write_state
+from tests.test_serve_flags import PARSER_PATH, SERVER, needs_parser
 
 
 def node(run_id: str, rank: int, state: str, host: str = "") -> RunInfo:
@@ -227,3 +228,26 @@ def test_a_job_is_gathered_by_its_newest_runs_widest_node_count_past_runs_of_no_
     (job,) = jobs.gather([("a", [single, newer, older, wide]), ("b", [node("r-0", 2, "running")])])
     assert [n.run["id"] for n in job.nodes] == ["r-3", "r-4", "r-0"]  # of node 0 its relaunch, not the older run
     assert job.nnodes == 3  # the widest any node said, whichever came last
+
+
+@needs_parser
+async def test_a_forced_preview_and_relaunch_go_past_a_flag_sglang_refuses(client: AgentClient) -> None:
+    """SGLang's own parser (the parser tier) refuses the flag; only `force` lets the preview show it and the relaunch
+    start. The parent dies at once here (no GPU runtime): nothing to stop."""
+    env = {"PYTHONPATH": str(PARSER_PATH)}
+    parent = (await client.launch("serve", [*SERVER, "--model-path", "/nowhere"], env=env))["run"]
+    refused = actions.Edit(sets=["--cuda-graph-max-bs=8"])
+    with pytest.raises(AgentError, match="ambiguous option: --cuda-graph-max-bs could match"):
+        await actions.preview(client, parent, refused)
+    forced = actions.Edit(sets=["--cuda-graph-max-bs=8"], force=True)
+    shown = await actions.preview(client, parent, forced)
+    assert shown["flags"] is not None and "ambiguous option" in shown["flags"]["message"]
+    child = await actions.relaunch(client, parent, forced)
+    assert child["argv"][-2:] == ["--cuda-graph-max-bs", "8"]
+    await client.kill(child["run"], signal="KILL", grace=0.0)
+
+
+async def test_a_job_missing_several_nodes_names_each(client: AgentClient) -> None:
+    await client.launch("command", SLEEP_ARGV, job="sweep-3", node_rank=0, nnodes=3)
+    with pytest.raises(actions.Refused, match=r"^job sweep-3 has no run of node 1, node 2 on these hosts"):
+        await actions.job_nodes(Fleet.of({"a": client}, named=True), "sweep-3")
