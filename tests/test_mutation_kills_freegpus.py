@@ -99,3 +99,17 @@ def test_gpus_asked_for_that_are_not_there_are_refused_naming_those_seen(state: 
         "bad_args",
         "free_gpus: 'gpus' must be a list of GPU indices",
     )
+
+
+def test_a_report_says_whether_it_was_a_dry_run_its_gpu_source_and_whose_each_survivor_is(
+    state: Path, sampler: GpuSampler, spawn: Spawn, nodes: Path
+) -> None:
+    stubborn = holding(spawn, nodes / "nvidia0", code=STUBBORN)
+    write_state(state, [gpu(processes=[(stubborn.pid, 8000)])], dev_dir=nodes)
+    planned = free_gpus(sampler, None, dry_run=True)
+    assert (planned["dry_run"], planned["gpu_source"]) == (True, "nvml")
+    result = carry_out(plan_free(sampler, None), sampler, timeout=0.3, grace=10)  # no SIGKILL: it survives
+    assert (result["dry_run"], result["gpu_source"]) == (False, "nvml")
+    (report,) = result["gpus"]
+    (held,) = report["still_held"]
+    assert (held["pid"], held["action"], held["holder"], held["mem_mib"]) == (stubborn.pid, "survived", "own", 8000)
