@@ -251,3 +251,17 @@ async def test_a_job_missing_several_nodes_names_each(client: AgentClient) -> No
     await client.launch("command", SLEEP_ARGV, job="sweep-3", node_rank=0, nnodes=3)
     with pytest.raises(actions.Refused, match=r"^job sweep-3 has no run of node 1, node 2 on these hosts"):
         await actions.job_nodes(Fleet.of({"a": client}, named=True), "sweep-3")
+
+
+async def test_a_job_is_not_relaunched_while_one_of_its_hosts_cannot_answer(
+    client: AgentClient, tmp_path: Path
+) -> None:
+    (tmp_path / "not-a-store").write_text("a file where the host's run store should be")
+    broken = AgentClient(LocalTransport(tmp_path / "not-a-store"))  # its agent exits, saying why
+    try:
+        fleet = Fleet.of({"a": client, "b": broken})
+        with pytest.raises(actions.Refused, match=r"^nothing relaunched: job sweep-1 relaunches only when every host"):
+            await actions.job_nodes(fleet, "sweep-1")
+        assert [member.name for member in fleet.unreached] == ["b"]
+    finally:
+        await broken.close()
