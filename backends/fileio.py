@@ -13,6 +13,7 @@ import json
 import math
 import os
 import secrets
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
@@ -55,7 +56,7 @@ def open_private(path: Path, flags: int) -> int:
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
     """Write to a private temp file beside `path`, fsync, then rename over it."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(3)}.tmp")
+    tmp = path.with_name(f"{_temp_prefix(path)}{os.getpid()}.{secrets.token_hex(3)}{_TEMP_SUFFIX}")
     try:
         with os.fdopen(open_private(tmp, os.O_WRONLY | os.O_EXCL), "wb") as fh:
             fh.write(data)
@@ -65,6 +66,33 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+_TEMP_SUFFIX = ".tmp"
+
+
+def _temp_prefix(path: Path) -> str:
+    return f".{path.name}."
+
+
+def sweep_atomic_leftovers(path: Path, older_than_s: float) -> int:
+    """Remove the temp files of `atomic_write_bytes` that writers killed between the write and the rename left
+    beside `path`, those over `older_than_s` old (a younger one may be a live writer's); how many."""
+    removed, now, prefix = 0, time.time(), _temp_prefix(path)
+    try:
+        entries = list(os.scandir(path.parent))
+    except FileNotFoundError:
+        return 0
+    for entry in entries:
+        if not (entry.name.startswith(prefix) and entry.name.endswith(_TEMP_SUFFIX)):
+            continue
+        try:
+            if entry.is_file(follow_symlinks=False) and now - entry.stat(follow_symlinks=False).st_mtime > older_than_s:
+                os.unlink(entry.path)
+                removed += 1
+        except FileNotFoundError:  # another sweeper took it first
+            continue
+    return removed
 
 
 def atomic_write_json(path: Path, obj: object) -> None:

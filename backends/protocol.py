@@ -203,6 +203,15 @@ def metric_number(name: str, value: object) -> float | None:
     return None
 
 
+METRIC_X_KEYS = (Metric.STEP, Metric.TIME)  # a row's x, the first of them its first row has; never a series
+
+
+def metric_x(value: object) -> float | None:
+    """A metric row's value as an x (its `step` or `t`): a finite number, never a flag."""
+    x = metric_number("", value)  # a bool is no point of a series named "": None
+    return x if x is not None and math.isfinite(x) else None
+
+
 class NonfiniteValue(TypedDict):
     """A metric value that is NaN or infinite among a run's latest rows: its series, its row's step (None: the row
     has none) and the value as text (`nan`, `inf`, `-inf`)."""

@@ -27,7 +27,7 @@ import time
 from typing import Any
 
 import backends
-from backends.fileio import atomic_write_bytes
+from backends.fileio import atomic_write_bytes, sweep_atomic_leftovers
 from backends.protocol import RunInfo
 from backends.runs.store import EXIT, INDEX, OUTPUT, RUN_ID_RE, CorruptFile, RunDir, RunStore
 
@@ -214,20 +214,5 @@ def _whole(data: object) -> bool:
 
 def sweep_leftovers(store: RunStore) -> int:
     """Remove the index's temp files that writers killed between the write and the rename left beside it (an agent
-    is killed with its link: each one left would stay for good); how many. Only those over LEFTOVER_S old: a
-    younger one may be a live writer's."""
-    removed, now, prefix = 0, time.time(), f".{INDEX}."
-    try:
-        entries = list(os.scandir(store.workdir))
-    except FileNotFoundError:
-        return 0
-    for entry in entries:
-        if not (entry.name.startswith(prefix) and entry.name.endswith(".tmp")):
-            continue
-        try:
-            if entry.is_file(follow_symlinks=False) and now - entry.stat(follow_symlinks=False).st_mtime > LEFTOVER_S:
-                os.unlink(entry.path)
-                removed += 1
-        except FileNotFoundError:  # another agent swept it first
-            continue
-    return removed
+    is killed with its link: each one left would stay for good); how many."""
+    return sweep_atomic_leftovers(store.workdir / INDEX, LEFTOVER_S)

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import IO, Any, TypeVar
 
 from backends.fileio import last_lines_start, parse_record, shallow
-from backends.protocol import Metric, MetricsResult, metric_number
+from backends.protocol import METRIC_X_KEYS, MetricsResult, metric_number, metric_x
 
 FINE_SLICES = 2048  # slices of the older rows in the one pass over them, grouped after
 RECENT_FRACTION = 4  # the newest points / RECENT_FRACTION rows are kept whole, as the store keeps its newest
@@ -32,7 +32,6 @@ VIEW_BYTES = 4 * 1024 * 1024  # of the file's rows in one view: a reply far unde
 LONGEST_SAMPLED = 64 * 1024  # a line longer than this is no metric row: the coarse view passes it by
 BLOCK = 1024 * 1024
 MIN_VIEW_POINTS, MAX_VIEW_POINTS = 16, 65536  # what a client may ask for
-X_KEYS = (Metric.STEP, Metric.TIME)
 
 Kept = tuple[int, dict[str, Any], int]  # a sampled row: its line's offset, the row, its line's bytes
 Line = tuple[int, int]  # a line of the full view: its offset and bytes (newline included), read again at the end
@@ -195,12 +194,7 @@ def _fitting(slices: list[_Slice | None], rows: int, budget: int) -> dict[int, L
 
 def _has_x(row: dict[str, Any]) -> bool:
     """Whether the row has a step or a time for an x (as the console's store reads it), not just its index."""
-    for key in X_KEYS:
-        value = row.get(key)
-        x = None if isinstance(value, bool) else metric_number(key, value)
-        if x is not None and math.isfinite(x):
-            return True
-    return False
+    return any(metric_x(row.get(key)) is not None for key in METRIC_X_KEYS)
 
 
 def _add(slices: list[_Slice | None], at: int, line: Line, row: dict[str, Any]) -> None:
@@ -209,7 +203,7 @@ def _add(slices: list[_Slice | None], at: int, line: Line, row: dict[str, Any]) 
         piece = slices[at] = _Slice(line)
     piece.last = line
     for name, value in row.items():
-        if name in X_KEYS:
+        if name in METRIC_X_KEYS:
             continue
         y = metric_number(name, value)
         if y is None:

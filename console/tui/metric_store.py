@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from itertools import pairwise
 
-from backends.protocol import Metric, MetricRow, NonfiniteValue, metric_number
+from backends.protocol import METRIC_X_KEYS, Metric, MetricRow, NonfiniteValue, metric_number, metric_x
 from console.visible import printable
 
 DEFAULT_SMOOTHING = 0.6  # TensorBoard's default weight
@@ -462,15 +462,15 @@ class MetricStore:
         arrival = self._rows
         self._rows += 1
         if self._x_key is None:
-            self._x_key = next((key for key in (Metric.STEP, Metric.TIME) if _x(row.get(key)) is not None), "")
+            self._x_key = next((key for key in METRIC_X_KEYS if metric_x(row.get(key)) is not None), "")
             self.x_label = {Metric.STEP: "step", Metric.TIME: "time", "": "row"}[self._x_key]
         if not self._x_key:
             self._x = float(arrival)
-        elif (x := _x(row.get(self._x_key))) is not None:
+        elif (x := metric_x(row.get(self._x_key))) is not None:
             self._x = x
         got: set[str] = set()
         for written, value in row.items():
-            if written in (Metric.STEP, Metric.TIME):
+            if written in METRIC_X_KEYS:
                 continue
             name = printable(written)
             y = metric_number(name, value)
@@ -501,9 +501,3 @@ class MetricStore:
 
     def series(self, name: str) -> Series | None:
         return self._series.get(name)
-
-
-def _x(value: object) -> float | None:
-    """A row value as an x: a finite number, not a flag."""
-    x = None if isinstance(value, bool) else metric_number("", value)
-    return x if x is not None and x - x == 0.0 else None
