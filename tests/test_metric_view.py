@@ -161,3 +161,20 @@ async def test_the_agent_serves_a_view_and_refuses_a_bad_size(workdir: Path) -> 
         with pytest.raises(AgentError, match="points must be 16 to 65536"):
             await client.metrics(run, points=3)
         await client.kill(run, signal="KILL", grace=0.0)
+
+
+def test_a_servers_rows_are_thinned_by_their_time_and_a_resumed_run_keeps_its_order(tmp_path: Path) -> None:
+    """Two more shapes of the field: a serve run's rows have `t` and no step; a resumed training writes steps that
+    go back (the console's store purges at the step it went back to), which a view must keep in file order."""
+    path = tmp_path / "metrics.jsonl"
+    served = [{"t": 1.8e9 + i, "gen_throughput": 400.0 + i % 7, "accept_len": 3.0} for i in range(5_000)]
+    write(path, served)
+    for coarse in (False, True):
+        view = metrics_view(path, 0, 256, coarse=coarse)
+        assert view is not None and view["thinned"] and in_order_of(view["rows"], served)
+    resumed = [*history(3_000), *history(3_000)]  # steps 1..3000, then 1..3000 again
+    write(path, resumed)
+    view = metrics_view(path, 0, 512)
+    assert view is not None and in_order_of(view["rows"], resumed)
+    steps = [row["step"] for row in view["rows"]]
+    assert steps.index(1) == 0 and 1 in steps[1:]  # both starts kept, the second after the first run's rows
