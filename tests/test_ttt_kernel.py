@@ -87,6 +87,11 @@ def test_kernel_matches_eager_attention(
     check(worker, batch=batch, kv_heads=kv_heads, groups=groups, seq=seq, steps=steps, head_dim=head_dim, seed=0)
 
 
+def test_kernel_matches_eager_with_a_row_at_every_position(worker: Worker) -> None:
+    """The layout of a batch every row of which is computed (the maps hold no -1)."""
+    check(worker, batch=2, kv_heads=2, groups=4, seq=40, steps=4, head_dim=16, seed=3, full=1)
+
+
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     batch=st.sampled_from([1, 2]),
@@ -280,7 +285,6 @@ def _serve() -> None:
     import torch
 
     from backends.train import ttt_kernel
-    from backends.train.attention import eager_ttt_attention
 
     torch.set_num_threads(1)
     for line in sys.stdin:
@@ -299,24 +303,53 @@ def _serve() -> None:
         if case.get("kind") == 3:
             print(json.dumps(_teacher_answer(case)), flush=True)
             continue
-        gen = torch.Generator().manual_seed(case["seed"])
-        batch, kv_heads, seq, dim = case["batch"], case["kv_heads"], case["seq"], case["head_dim"]
+        print(json.dumps({"errors": _kernel_errors(case), "interpreted": ttt_kernel.available("cpu")}), flush=True)
 
-        # The trainer's layout: [B, T, heads, d] seen as [B, heads, T, d] (model._over_batch).
-        shape = (batch, seq, kv_heads * case["groups"], dim)
-        q = torch.randn(shape, generator=gen).transpose(1, 2).requires_grad_()
-        shape = (batch, seq, kv_heads, dim)
-        keys = [torch.randn(shape, generator=gen).transpose(1, 2).requires_grad_() for _ in range(case["steps"])]
-        values = [torch.randn(shape, generator=gen).transpose(1, 2).requires_grad_() for _ in range(case["steps"])]
-        leaves = [q, *keys, *values]
-        grad = torch.randn(q.shape, generator=gen)
-        names = ["out", "dq", *(f"dk{j}" for j in range(len(keys))), *(f"dv{j}" for j in range(len(values)))]
-        results = []
-        for attention in (ttt_kernel.ttt_attention, eager_ttt_attention):
-            out = attention(q, keys, values)
-            results.append([out.detach(), *torch.autograd.grad(out, leaves, grad)])
-        errors = _relative(names, *results)
-        print(json.dumps({"errors": errors, "interpreted": ttt_kernel.available("cpu")}), flush=True)
+
+def _kernel_errors(case: dict[str, int]) -> dict[str, float]:
+    """The kernel on packed rows against eager attention on the same rows laid out over the batch, zeros
+    where a position has no row (the trainer's layout before the kernel took rows packed). Each tensor
+    holds a random subset of the positions (or all, with `full`), in a random order; the values are a
+    view into wider rows, as the trainer's are (a slice of q, k and v's projection)."""
+    import torch
+
+    from backends.train import ttt_kernel
+    from backends.train.attention import eager_ttt_attention
+
+    gen = torch.Generator().manual_seed(case["seed"])
+    batch, kv_heads, seq, dim, steps = case["batch"], case["kv_heads"], case["seq"], case["head_dim"], case["steps"]
+    heads, size = kv_heads * case["groups"], batch * seq
+
+    def row_map() -> tuple[Any, Any]:
+        """(the positions that have a row, in their rows' order; the [B, T] int32 map to those rows)"""
+        present = torch.ones(size, dtype=torch.bool) if case.get("full") else torch.rand(size, generator=gen) < 0.8
+        positions = present.nonzero().squeeze(1)
+        positions = positions[torch.randperm(len(positions), generator=gen)]
+        where = torch.full((size,), -1, dtype=torch.int32)
+        where[positions] = torch.arange(len(positions), dtype=torch.int32)
+        return positions, where.view(batch, seq)
+
+    def laid_out(x: Any, positions: Any) -> Any:
+        return x.new_zeros(size, *x.shape[1:]).index_put((positions,), x).view(batch, seq, *x.shape[1:]).transpose(1, 2)
+
+    q_at, q_rows = row_map()
+    q = torch.randn(len(q_at), heads, dim, generator=gen).requires_grad_()
+    maps = [row_map() for _ in range(steps)]
+    keys = [torch.randn(len(at), kv_heads, dim, generator=gen).requires_grad_() for at, _ in maps]
+    wide = [torch.randn(len(at), kv_heads * dim + 8, generator=gen).requires_grad_() for at, _ in maps]
+    values = [w[:, 8:].view(len(w), kv_heads, dim) for w in wide]
+    grad = torch.randn(q.shape, generator=gen)
+    leaves = [q, *keys, *wide]
+    kernel_out = ttt_kernel.ttt_attention(q, q_rows, keys, values, [where for _, where in maps])
+    eager_out = eager_ttt_attention(
+        laid_out(q, q_at),
+        [laid_out(k, at) for k, (at, _) in zip(keys, maps, strict=True)],
+        [laid_out(v, at) for v, (at, _) in zip(values, maps, strict=True)],
+    )
+    eager_out = eager_out.transpose(1, 2).reshape(size, heads, dim)[q_at]
+    names = ["out", "dq", *(f"dk{j}" for j in range(steps)), *(f"dv{j}" for j in range(steps))]
+    results = [[out.detach(), *torch.autograd.grad(out, leaves, grad)] for out in (kernel_out, eager_out)]
+    return _relative(names, *results)
 
 
 if __name__ == "__main__":

@@ -8,7 +8,8 @@ post-attention norm and MLP; `fc` fuses the aux hidden states of the target;
 target's, frozen. The hidden state handed to the next TTT step is the layer's
 output before `norm`, as SGLang's draft hands it to its next draft step. Each
 step runs only the rows that reach the loss (step_rows.StepRows), packed;
-the attention alone sees them laid out over the whole batch.
+the Triton attention kernel reads them so through a map of each position's
+row, and only eager and flex attention see them laid out over the whole batch.
 
 Alignment (EAGLE's): at position t the draft reads the target's features of
 position t and the token x_{t+1}. At TTT step k it reads token x_{t+1+k} and
@@ -73,7 +74,12 @@ class Attention(nn.Module):
             config.head_dim,
         )
         # The Triton TTT kernel's entry (ttt_kernel.ttt_attention) instead of flex or eager: Eagle3Draft.use_ttt_kernel.
-        self.ttt_kernel: Callable[[torch.Tensor, list[torch.Tensor], list[torch.Tensor]], torch.Tensor] | None = None
+        self.ttt_kernel: (
+            Callable[
+                [torch.Tensor, torch.Tensor, list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]], torch.Tensor
+            ]
+            | None
+        ) = None
         width = 2 * config.hidden_size
         self.q_proj = nn.Linear(width, self.heads * self.head_dim, bias=False)
         self.k_proj = nn.Linear(width, self.kv_heads * self.head_dim, bias=False)
@@ -89,34 +95,41 @@ class Attention(nn.Module):
         qkv: torch.Tensor,
         cos: torch.Tensor,
         sin: torch.Tensor,
-        rows: torch.Tensor,
-        queries: torch.Tensor | None,
-        shape: tuple[int, int],
+        plan: StepRows,
+        step: int,
         past_keys: list[torch.Tensor],
         past_values: list[torch.Tensor],
         block_mask: BlockMask | None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """One TTT step from the projected input qkv [N, (heads + 2 kv_heads) * d] of `rows` (of a batch
-        of `shape` [B, T]) and their RoPE tables [N, d] (`_rope_tables`), after the steps whose keys and
-        values are given: (the output of the rows that ask, `queries` of them, all when None; this
-        step's keys; its values). Keys and values are laid out over the whole batch, zeros where no row
-        was computed: no query that counts reads those (step_rows)."""
+        """TTT step `step` from the projected input qkv [N, (heads + 2 kv_heads) * d] of the rows it
+        projects (plan.keys at step 0, plan.rows[step] after) and their RoPE tables [N, d] (`_rope_tables`),
+        after the steps whose keys and values are given: (the output of plan.rows[step]; this step's keys;
+        its values). The kernel takes the rows packed, as they are; eager and flex take keys and values laid
+        out over the whole batch, zeros where no row was computed (no query that counts reads those:
+        step_rows), and are given them so."""
         count = qkv.shape[0]
         q, k, v = torch.split(qkv, [self.heads * self.head_dim, *(2 * [self.kv_heads * self.head_dim])], dim=-1)
         cos, sin = cos[:, None], sin[:, None]
         q = _rope(q.view(count, self.heads, self.head_dim), cos, sin)
         k = _rope(k.view(count, self.kv_heads, self.head_dim), cos, sin)
-        keys = [*past_keys, _over_batch(k, rows, shape)]
-        values = [*past_values, _over_batch(v.view(count, self.kv_heads, self.head_dim), rows, shape)]
-        asking = rows if queries is None else rows[queries]
-        q_all = _over_batch(q if queries is None else q[queries], asking, shape)
+        v = v.view(count, self.kv_heads, self.head_dim)
+        if step == 0:  # step 0 projects keys for more rows than it asks queries of
+            q = q[plan.inputs[0]]
         if self.ttt_kernel is not None:
-            out = self.ttt_kernel(q_all, keys, values)
-        elif block_mask is None:
-            out = eager_ttt_attention(q_all, keys, values)
+            keys, values = [*past_keys, k], [*past_values, v]
+            key_rows = [plan.where[0], *plan.where[2 : 2 + step]]
+            mine = self.ttt_kernel(q, plan.where[1 + step], keys, values, key_rows).flatten(1)
         else:
-            out = flex_ttt_attention(q_all, keys, values, block_mask)
-        mine = out.transpose(1, 2).reshape(-1, self.heads * self.head_dim)[asking]
+            shape = (plan.batch, plan.seq)
+            rows = plan.keys if step == 0 else plan.rows[step]
+            keys = [*past_keys, _over_batch(k, rows, shape)]
+            values = [*past_values, _over_batch(v, rows, shape)]
+            q_all = _over_batch(q, plan.rows[step], shape)
+            if block_mask is None:
+                out = eager_ttt_attention(q_all, keys, values)
+            else:
+                out = flex_ttt_attention(q_all, keys, values, block_mask)
+            mine = out.transpose(1, 2).reshape(-1, self.heads * self.head_dim)[plan.rows[step]]
         projected: torch.Tensor = self.o_proj(mine)
         return projected, keys[-1], values[-1]
 
@@ -170,7 +183,6 @@ class DecoderLayer(nn.Module):
         """The layer's output rows of every step, as `plan.output` numbers them [rows, H]. hidden
         [len(plan.keys), H] is fc's output at step 0's rows; embeds [B, T-1+steps, H] the embeddings
         of x_1.. (zeros past the end), cos/sin [T-1+steps, d]: step k of position t reads t + k."""
-        shape = (plan.batch, plan.seq)
         qkv_weight = _in_compute_dtype(self.self_attn.qkv_weight())
         gate_up = _in_compute_dtype(self.mlp.gate_up_weight())
         # The attention's input is cat(input_layernorm(embeds), hidden_norm(hidden)), so its projection
@@ -183,17 +195,14 @@ class DecoderLayer(nn.Module):
         values: list[torch.Tensor] = []
         outputs = []
         for k in range(plan.steps):
-            rows, position = plan.keys if k == 0 else plan.rows[k], plan.positions[k]
             qkv = F.linear(self.hidden_norm(hidden), from_hidden) + from_embeds[plan.tokens[k]]
-            queries = plan.inputs[0] if k == 0 else None
             mask = None if block_masks is None else block_masks[k]
-            attended, key, value = self.self_attn(
-                qkv, cos[position], sin[position], rows, queries, shape, keys, values, mask
-            )
+            position = plan.positions[k]
+            attended, key, value = self.self_attn(qkv, cos[position], sin[position], plan, k, keys, values, mask)
             keys.append(key)
             values.append(value)
-            if queries is not None:
-                hidden = hidden[queries]
+            if k == 0:
+                hidden = hidden[plan.inputs[0]]
             hidden, normed = self.post_attention_layernorm.after_add(hidden, attended)
             hidden = hidden + self.mlp(normed, gate_up)
             outputs.append(hidden)

@@ -37,6 +37,9 @@ class StepRows:
     tokens: list[torch.Tensor]
     output: torch.Tensor  # [K, B*T] int64: a (step, row)'s index in the output, -1 where not computed
     read: torch.Tensor  # the (step k, row) pairs the loss reads, as k*B*T + row, in that order
+    # [1+K, B, T] int32: each position's place among step 0's keys (where[0]) and among rows[k] (where[1+k]),
+    # -1 where it has none: how the TTT kernel finds a position's packed row (ttt_kernel.ttt_attention).
+    where: torch.Tensor
 
     @property
     def steps(self) -> int:
@@ -48,6 +51,7 @@ class StepRows:
         for index in (self.keys, *self.rows, *self.inputs, *self.positions, *self.tokens, self.read):
             torch._dynamo.maybe_mark_dynamic(index, 0)
         torch._dynamo.maybe_mark_dynamic(self.output, 1)
+        torch._dynamo.maybe_mark_dynamic(self.where, 2)
 
 
 def step_rows(in_loss: torch.Tensor) -> StepRows:
@@ -70,6 +74,7 @@ def step_rows(in_loss: torch.Tensor) -> StepRows:
     rank = masks[:projected].long().cumsum(1) - 1  # a row's place among its mask's rows
     offsets = (counted[1:projected].cumsum(0) - counted[1:projected])[:, None]
     output = torch.where(needed, rank[1:] + offsets, -1)
+    where = torch.where(masks[:projected], rank, -1).int().view(projected, batch, seq)
     counts = counted.tolist()
     found = torch.nonzero_static(masks.flatten(), size=sum(counts)).squeeze(1)
     sizes = counts[:projected]
@@ -94,4 +99,5 @@ def step_rows(in_loss: torch.Tensor) -> StepRows:
         tokens=tokens[:1] + tokens[2:],
         output=output,
         read=found[sum(sizes) :] - projected * size,
+        where=where,
     )

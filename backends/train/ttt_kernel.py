@@ -8,6 +8,13 @@ causal part is flash attention over step 0's keys (blocks above the diagonal are
 visited) and each earlier step adds one score per query row, read straight from that
 step's own tensor and folded into the same online softmax.
 
+Queries, keys and values come packed, one row per computed position (the rows each TTT step runs,
+step_rows), with a map per tensor from each position of the batch to its row (-1 where there is none): the
+kernels read rows through it and write the gradients back through it, so the trainer never lays the rows
+out over the whole batch (a zero-filled copy of q, k and v at every step, and the gathers back, ~12 ms of
+an 8 x 2048 step on an H200). A position with no row reads as zeros, as the trainer's zero-filled layout
+did: no query the loss reads attends to one.
+
 Grouped-query attention is packed (FlashAttention-3's PackGQA): one program takes the
 `groups` query heads that share a key/value head, their rows stacked into one tile, so
 each key and value block is read once for all of them, and the diagonal steps' key and
@@ -102,23 +109,39 @@ def _jit(kernel: Callable[..., None]) -> Any:
 
 @_jit
 def _query_rows(  # type: ignore[no-untyped-def]
-    t0, b, kvh, T, sq_b, sq_h, sq_t,
+    t0, b, kvh, T, QW, sq_n, sq_h,
     HEAD_DIM: tl.constexpr, G: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
 ):  # fmt: skip
     """A packed tile of queries from position t0: row r is query head kvh * G + r // BLOCK_T at position
     t0 + r % BLOCK_T. (its heads, its positions, which rows are real, their offsets in Q and their mask)."""
     r = tl.arange(0, BLOCK_G * BLOCK_T)
     head, t = kvh * G + r // BLOCK_T, t0 + r % BLOCK_T
-    row_ok = (r // BLOCK_T < G) & (t < T)
+    row = tl.load(QW + b * T + t, mask=(r // BLOCK_T < G) & (t < T), other=-1)
+    row_ok = row >= 0
     d = tl.arange(0, BLOCK_D)
-    q_at = b * sq_b + head[:, None] * sq_h + t[:, None] * sq_t + d[None, :]
+    q_at = row[:, None].to(tl.int64) * sq_n + head[:, None] * sq_h + d[None, :]
     return head, t, row_ok, q_at, row_ok[:, None] & (d < HEAD_DIM)[None, :]
 
 
 @_jit
+def _key_rows(  # type: ignore[no-untyped-def]
+    W, b, positions, T, kvh, s_n, s_h, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, TRANSPOSED: tl.constexpr,
+):  # fmt: skip
+    """Offsets and mask of the key (or value) rows of `positions` of sample b through the map W, as a
+    [positions, d] tile, or [d, positions] if TRANSPOSED."""
+    row = tl.load(W + b * T + positions, mask=positions < T, other=-1)
+    d = tl.arange(0, BLOCK_D)
+    d_ok = d < HEAD_DIM
+    base = row.to(tl.int64) * s_n + kvh * s_h
+    if TRANSPOSED:
+        return base[None, :] + d[:, None], (row >= 0)[None, :] & d_ok[:, None]
+    return base[:, None] + d[None, :], (row >= 0)[:, None] & d_ok[None, :]
+
+
+@_jit
 def _forward_kernel(  # type: ignore[no-untyped-def]
-    Q, K0, V0, KD, VD, Out, Lse,
-    sq_b, sq_h, sq_t, sk_b, sk_h, sk_t, sl_b, sl_h,
+    Q, QW, K0, V0, KW0, KD, VD, KWD, Out, Lse,
+    sq_n, sq_h, sk_n, sk_h, sv_n, sv_h, sl_b, sl_h,
     T, KV_HEADS, qk_scale,
     HEAD_DIM: tl.constexpr, G: tl.constexpr, STEPS: tl.constexpr,
     BLOCK_G: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
@@ -126,11 +149,8 @@ def _forward_kernel(  # type: ignore[no-untyped-def]
     t0 = tl.program_id(0) * BLOCK_T
     b = tl.program_id(1) // KV_HEADS
     kvh = tl.program_id(1) % KV_HEADS
-    head, t, row_ok, q_at, q_ok = _query_rows(t0, b, kvh, T, sq_b, sq_h, sq_t, HEAD_DIM, G, BLOCK_G, BLOCK_T, BLOCK_D)
-    d = tl.arange(0, BLOCK_D)
-    d_ok = d < HEAD_DIM
+    head, t, row_ok, q_at, q_ok = _query_rows(t0, b, kvh, T, QW, sq_n, sq_h, HEAD_DIM, G, BLOCK_G, BLOCK_T, BLOCK_D)
     q = tl.load(Q + q_at, mask=q_ok, other=0.0)
-    kv = b * sk_b + kvh * sk_h
     n = tl.arange(0, BLOCK_N)
     m_i = tl.full([BLOCK_G * BLOCK_T], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_G * BLOCK_T], tl.float32)
@@ -138,17 +158,17 @@ def _forward_kernel(  # type: ignore[no-untyped-def]
     # Each earlier TTT step: the key and value of the row's own position, one more score in the softmax.
     # Before the causal part: after it, each step's term had to be moved into acc's matrix-unit layout
     # (through shared memory) and registers spilled; at 8 x 2048, k=6, 1.03 ms then, 0.89 now (H200).
-    own = kv + t[:, None] * sk_t + d[None, :]
-    own_ok = row_ok[:, None] & d_ok[None, :]
     qf = q.to(tl.float32)
     for j in tl.static_range(STEPS):
-        kj = tl.load(KD[j] + own, mask=own_ok, other=0.0).to(tl.float32)
+        k_at, k_ok = _key_rows(KWD[j], b, t, T, kvh, sk_n, sk_h, HEAD_DIM, BLOCK_D, False)
+        kj = tl.load(KD[j] + k_at, mask=k_ok, other=0.0).to(tl.float32)
         sj = tl.sum(qf * kj, 1) * qk_scale
         m_new = tl.maximum(m_i, sj)
         alpha = tl.exp2(m_i - m_new)
         pj = tl.exp2(sj - m_new)
         l_i = l_i * alpha + pj
-        vj = tl.load(VD[j] + own, mask=own_ok, other=0.0).to(tl.float32)
+        v_at, v_ok = _key_rows(KWD[j], b, t, T, kvh, sv_n, sv_h, HEAD_DIM, BLOCK_D, False)
+        vj = tl.load(VD[j] + v_at, mask=v_ok, other=0.0).to(tl.float32)
         acc = acc * alpha[:, None] + pj[:, None] * vj
         m_i = m_new
     # Key blocks wholly below the tile's first position need no mask; the rest up to its last
@@ -157,8 +177,8 @@ def _forward_kernel(  # type: ignore[no-untyped-def]
     end = tl.minimum(t0 + BLOCK_T, T)
     for start in range(0, end, BLOCK_N):
         keys = start + n
-        k_ok = keys < T
-        kt = tl.load(K0 + kv + keys[None, :] * sk_t + d[:, None], mask=k_ok[None, :] & d_ok[:, None], other=0.0)
+        k_at, k_ok = _key_rows(KW0, b, keys, T, kvh, sk_n, sk_h, HEAD_DIM, BLOCK_D, True)
+        kt = tl.load(K0 + k_at, mask=k_ok, other=0.0)
         s = tl.dot(q, kt) * qk_scale
         if start >= unmasked_end:
             s = tl.where(keys[None, :] <= t[:, None], s, float("-inf"))
@@ -166,7 +186,8 @@ def _forward_kernel(  # type: ignore[no-untyped-def]
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(V0 + kv + keys[:, None] * sk_t + d[None, :], mask=k_ok[:, None] & d_ok[None, :], other=0.0)
+        v_at, v_ok = _key_rows(KW0, b, keys, T, kvh, sv_n, sv_h, HEAD_DIM, BLOCK_D, False)
+        v = tl.load(V0 + v_at, mask=v_ok, other=0.0)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
         m_i = m_new
     out = acc / l_i[:, None]
@@ -177,33 +198,29 @@ def _forward_kernel(  # type: ignore[no-untyped-def]
 
 @_jit
 def _key_grads_kernel(  # type: ignore[no-untyped-def]
-    Q, K0, V0, dO, Lse, Delta, dK0, dV0,
-    sq_b, sq_h, sq_t, sk_b, sk_h, sk_t, sl_b, sl_h,
+    Q, QW, K0, V0, KW0, dO, Lse, Delta, dK0, dV0,
+    sq_n, sq_h, sk_n, sk_h, sv_n, sv_h, sl_b, sl_h,
     T, KV_HEADS, qk_scale, sm_scale,
     HEAD_DIM: tl.constexpr, G: tl.constexpr,
     BLOCK_G: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
 ):  # fmt: skip
     """dK, dV of step 0's keys: one key block per program, over the query tiles at or after it (after
-    _query_grads_kernel, which writes Delta)."""
+    _query_grads_kernel, which writes Delta). dK and dV are laid out as K (sk_n, sk_h)."""
     n0 = tl.program_id(0) * BLOCK_N
     b = tl.program_id(1) // KV_HEADS
     kvh = tl.program_id(1) % KV_HEADS
-    d = tl.arange(0, BLOCK_D)
-    d_ok = d < HEAD_DIM
     keys = n0 + tl.arange(0, BLOCK_N)
-    k_at = b * sk_b + kvh * sk_h + keys[:, None] * sk_t + d[None, :]
-    k_ok = (keys < T)[:, None] & d_ok[None, :]
+    k_at, k_ok = _key_rows(KW0, b, keys, T, kvh, sk_n, sk_h, HEAD_DIM, BLOCK_D, False)
+    v_at, v_ok = _key_rows(KW0, b, keys, T, kvh, sv_n, sv_h, HEAD_DIM, BLOCK_D, False)
     k = tl.load(K0 + k_at, mask=k_ok, other=0.0)
-    v = tl.load(V0 + k_at, mask=k_ok, other=0.0)
+    v = tl.load(V0 + v_at, mask=v_ok, other=0.0)
     dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
     # Query tiles that straddle the block's diagonal take the causal mask; those after it see every key.
     first = (n0 // BLOCK_T) * BLOCK_T
     masked_end = n0 + BLOCK_N
     for t0 in range(first, T, BLOCK_T):
-        head, t, row_ok, q_at, q_ok = _query_rows(
-            t0, b, kvh, T, sq_b, sq_h, sq_t, HEAD_DIM, G, BLOCK_G, BLOCK_T, BLOCK_D
-        )
+        head, t, row_ok, q_at, q_ok = _query_rows(t0, b, kvh, T, QW, sq_n, sq_h, HEAD_DIM, G, BLOCK_G, BLOCK_T, BLOCK_D)
         q = tl.load(Q + q_at, mask=q_ok, other=0.0)
         do = tl.load(dO + q_at, mask=q_ok, other=0.0)
         at = b * sl_b + head * sl_h + t
@@ -221,20 +238,18 @@ def _key_grads_kernel(  # type: ignore[no-untyped-def]
 
 @_jit
 def _query_grads_kernel(  # type: ignore[no-untyped-def]
-    Q, K0, V0, KD, VD, Out, dO, Lse, Delta, dQ, dKD, dVD,
-    sq_b, sq_h, sq_t, sk_b, sk_h, sk_t, sl_b, sl_h,
+    Q, QW, K0, V0, KW0, KD, VD, KWD, Out, dO, Lse, Delta, dQ, dKD, dVD,
+    sq_n, sq_h, sk_n, sk_h, sv_n, sv_h, sl_b, sl_h,
     T, KV_HEADS, qk_scale, sm_scale,
     HEAD_DIM: tl.constexpr, G: tl.constexpr, STEPS: tl.constexpr,
     BLOCK_G: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
 ):  # fmt: skip
     """dQ over step 0's keys up to the diagonal, and the diagonal steps' terms: their share of dQ
-    and, summed over the group's heads, their dK and dV (rows of the tile's positions only)."""
+    and, summed over the group's heads, their dK and dV (rows of the tile's positions only; laid out as K)."""
     t0 = tl.program_id(0) * BLOCK_T
     b = tl.program_id(1) // KV_HEADS
     kvh = tl.program_id(1) % KV_HEADS
-    head, t, row_ok, q_at, q_ok = _query_rows(t0, b, kvh, T, sq_b, sq_h, sq_t, HEAD_DIM, G, BLOCK_G, BLOCK_T, BLOCK_D)
-    d = tl.arange(0, BLOCK_D)
-    d_ok = d < HEAD_DIM
+    head, t, row_ok, q_at, q_ok = _query_rows(t0, b, kvh, T, QW, sq_n, sq_h, HEAD_DIM, G, BLOCK_G, BLOCK_T, BLOCK_D)
     q = tl.load(Q + q_at, mask=q_ok, other=0.0)
     do = tl.load(dO + q_at, mask=q_ok, other=0.0)
     at = b * sl_b + head * sl_h + t
@@ -244,37 +259,38 @@ def _query_grads_kernel(  # type: ignore[no-untyped-def]
     o = tl.load(Out + q_at, mask=q_ok, other=0.0)
     delta = tl.sum(do.to(tl.float32) * o.to(tl.float32), 1)
     tl.store(Delta + at, delta, mask=row_ok)
-    kv = b * sk_b + kvh * sk_h
     # The diagonal steps first, into dq's starting value. After the loop over keys, each step's share had to
     # be moved into dq's matrix-unit layout (through shared memory) while fp32 q and dO sat beside dq: 2.3 KB
     # of spilled registers a thread at 6 steps, 640 B now; the backward at 8 x 2048, k=6, 3.47 ms then, 2.86
     # now (H200).
     dq = tl.zeros([BLOCK_G * BLOCK_T, BLOCK_D], tl.float32)
-    own = kv + t[:, None] * sk_t + d[None, :]
     qf = q.to(tl.float32)
     dof = do.to(tl.float32)
     positions = t0 + tl.arange(0, BLOCK_T)
-    own_rows = kv + positions[:, None] * sk_t + d[None, :]
-    own_rows_ok = (positions < T)[:, None] & d_ok[None, :]
     for j in tl.static_range(STEPS):
-        kj = tl.load(KD[j] + own, mask=q_ok, other=0.0).to(tl.float32)
-        vj = tl.load(VD[j] + own, mask=q_ok, other=0.0).to(tl.float32)
+        k_at, k_ok = _key_rows(KWD[j], b, t, T, kvh, sk_n, sk_h, HEAD_DIM, BLOCK_D, False)
+        v_at, v_ok = _key_rows(KWD[j], b, t, T, kvh, sv_n, sv_h, HEAD_DIM, BLOCK_D, False)
+        kj = tl.load(KD[j] + k_at, mask=k_ok, other=0.0).to(tl.float32)
+        vj = tl.load(VD[j] + v_at, mask=v_ok, other=0.0).to(tl.float32)
         pj = tl.exp2(tl.sum(qf * kj, 1) * qk_scale - lse)
         dsj = pj * (tl.sum(dof * vj, 1) - delta)
         dq += dsj[:, None] * kj
-        # Rows of padding heads (g >= G) hold zeros in q and dO, so they add nothing to the sums.
+        # Rows of padding heads (g >= G) and of positions with no query hold zeros in q and dO, so they add
+        # nothing to the sums.
         dkj = tl.sum(tl.reshape(dsj[:, None] * qf, (BLOCK_G, BLOCK_T, BLOCK_D)), 0) * sm_scale
         dvj = tl.sum(tl.reshape(pj[:, None] * dof, (BLOCK_G, BLOCK_T, BLOCK_D)), 0)
-        tl.store(dKD[j] + own_rows, dkj.to(dKD[j].dtype.element_ty), mask=own_rows_ok)
-        tl.store(dVD[j] + own_rows, dvj.to(dVD[j].dtype.element_ty), mask=own_rows_ok)
+        own_at, own_ok = _key_rows(KWD[j], b, positions, T, kvh, sk_n, sk_h, HEAD_DIM, BLOCK_D, False)
+        tl.store(dKD[j] + own_at, dkj.to(dKD[j].dtype.element_ty), mask=own_ok)
+        tl.store(dVD[j] + own_at, dvj.to(dVD[j].dtype.element_ty), mask=own_ok)
     n = tl.arange(0, BLOCK_N)
     unmasked_end = (t0 // BLOCK_N) * BLOCK_N
     end = tl.minimum(t0 + BLOCK_T, T)
     for start in range(0, end, BLOCK_N):
         keys = start + n
-        k_ok = (keys < T)[:, None] & d_ok[None, :]
-        k = tl.load(K0 + kv + keys[:, None] * sk_t + d[None, :], mask=k_ok, other=0.0)
-        v = tl.load(V0 + kv + keys[:, None] * sk_t + d[None, :], mask=k_ok, other=0.0)
+        k_at, k_ok = _key_rows(KW0, b, keys, T, kvh, sk_n, sk_h, HEAD_DIM, BLOCK_D, False)
+        v_at, v_ok = _key_rows(KW0, b, keys, T, kvh, sv_n, sv_h, HEAD_DIM, BLOCK_D, False)
+        k = tl.load(K0 + k_at, mask=k_ok, other=0.0)
+        v = tl.load(V0 + v_at, mask=v_ok, other=0.0)
         p = tl.exp2(tl.dot(q, tl.trans(k)) * qk_scale - lse[:, None])
         if start >= unmasked_end:
             p = tl.where(keys[None, :] <= t[:, None], p, 0.0)
@@ -283,32 +299,46 @@ def _query_grads_kernel(  # type: ignore[no-untyped-def]
     tl.store(dQ + q_at, (dq * sm_scale).to(dQ.dtype.element_ty), mask=q_ok)
 
 
-def _check(q: torch.Tensor, keys: list[torch.Tensor], values: list[torch.Tensor]) -> None:
-    tensors = [*keys, *values]
-    if any(x.shape != keys[0].shape or x.stride() != keys[0].stride() for x in tensors):
-        raise ValueError("every step's keys and values must share one shape and one layout")
-    if q.stride(-1) != 1 or keys[0].stride(-1) != 1:
-        raise ValueError("q, keys and values must be contiguous along head_dim")
+def _check(
+    q: torch.Tensor,
+    q_rows: torch.Tensor,
+    keys: list[torch.Tensor],
+    values: list[torch.Tensor],
+    key_rows: list[torch.Tensor],
+) -> None:
+    if len(keys) != len(values) or len(keys) != len(key_rows):
+        raise ValueError(f"{len(keys)} steps of keys, {len(values)} of values and {len(key_rows)} row maps")
+    if any(k.shape != v.shape for k, v in zip(keys, values, strict=True)):
+        raise ValueError("each step's keys and values must have one shape")
+    if any(k.shape[1:] != keys[0].shape[1:] or not k.is_contiguous() for k in keys):
+        raise ValueError("every step's keys must be contiguous [rows, kv_heads, head_dim]")
+    if any(v.stride() != values[0].stride() or v.stride(-1) != 1 for v in values):
+        raise ValueError("every step's values must share one layout, contiguous along head_dim")
+    if not q.is_contiguous():
+        raise ValueError("q must be contiguous [rows, heads, head_dim]")
+    if any(w.shape != q_rows.shape or w.dtype != torch.int32 or not w.is_contiguous() for w in key_rows):
+        raise ValueError("the row maps must be contiguous int32 [batch, seq], one shape")
     if q.shape[1] % keys[0].shape[1] or q.shape[-1] < MIN_HEAD_DIM:
         raise ValueError(f"heads {q.shape[1]} / kv heads {keys[0].shape[1]}, head_dim {q.shape[-1]} not supported")
 
 
-def _dense(x: torch.Tensor) -> torch.Tensor:
-    return x if x.stride(-1) == 1 else x.contiguous()
-
-
-def _strides(q: torch.Tensor, k: torch.Tensor, lse: torch.Tensor) -> tuple[int, ...]:
-    return (q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2), lse.stride(0), lse.stride(1))
+def _strides(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lse: torch.Tensor) -> tuple[int, ...]:
+    return (q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), lse.stride(0), lse.stride(1))
 
 
 # Custom ops: torch.compile sees one opaque node with a known output shape (and so never guards on the
 # kernel's internals); the backward is an op of its own for the same reason.
 @torch.library.custom_op("eagle3::ttt_attention_forward", mutates_args=())
 def _forward_op(
-    q: torch.Tensor, keys: list[torch.Tensor], values: list[torch.Tensor]
+    q: torch.Tensor,
+    q_rows: torch.Tensor,
+    keys: list[torch.Tensor],
+    values: list[torch.Tensor],
+    key_rows: list[torch.Tensor],
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    _check(q, keys, values)
-    batch, heads, seq, dim = q.shape
+    _check(q, q_rows, keys, values, key_rows)
+    heads, dim = q.shape[1:]
+    batch, seq = q_rows.shape
     kv_heads = keys[0].shape[1]
     groups = heads // kv_heads
     out = torch.empty_like(q)
@@ -317,8 +347,8 @@ def _forward_op(
     block_g, block_t = _tile(blocks.rows, groups)
     grid = (triton.cdiv(seq, block_t), batch * kv_heads)
     _forward_kernel[grid](
-        q, keys[0], values[0], tuple(keys[1:]), tuple(values[1:]), out, lse,
-        *_strides(q, keys[0], lse), seq, kv_heads, dim**-0.5 * LOG2E,
+        q, q_rows, keys[0], values[0], key_rows[0], tuple(keys[1:]), tuple(values[1:]), tuple(key_rows[1:]), out, lse,
+        *_strides(q, keys[0], values[0], lse), seq, kv_heads, dim**-0.5 * LOG2E,
         HEAD_DIM=dim, G=groups, STEPS=len(keys) - 1, BLOCK_G=block_g, BLOCK_T=block_t,
         BLOCK_N=blocks.keys, BLOCK_D=triton.next_power_of_2(dim), num_warps=blocks.warps, num_stages=blocks.stages,
     )  # fmt: skip
@@ -329,41 +359,42 @@ def _forward_op(
 def _backward_op(
     grad: torch.Tensor,
     q: torch.Tensor,
+    q_rows: torch.Tensor,
     keys: list[torch.Tensor],
     values: list[torch.Tensor],
+    key_rows: list[torch.Tensor],
     out: torch.Tensor,
     lse: torch.Tensor,
 ) -> list[torch.Tensor]:
-    batch, heads, seq, dim = q.shape
+    heads, dim = q.shape[1:]
+    batch, seq = q_rows.shape
     kv_heads = keys[0].shape[1]
     groups = heads // kv_heads
-    grad = _dense(grad)
     # The kernels index dO and O with q's strides.
-    if grad.stride() != q.stride():
-        grad = torch.empty_like(q).copy_(grad)
-    if out.stride() != q.stride():
-        out = torch.empty_like(q).copy_(out)
+    grad = grad.contiguous()
     delta = torch.empty_like(lse)
     dq = torch.empty_like(q)
+    # Both laid out as the keys (contiguous), which the kernels index them with.
     dkeys = [torch.empty_like(k) for k in keys]
-    dvalues = [torch.empty_like(v) for v in values]
+    dvalues = [torch.empty_like(k) for k in keys]
     config = _config(dim)
     scales = (dim**-0.5 * LOG2E, dim**-0.5)
     block_d = triton.next_power_of_2(dim)
+    strides = _strides(q, keys[0], values[0], lse)
     qb = config.query_grads
     block_g, block_t = _tile(qb.rows, groups)
     _query_grads_kernel[(triton.cdiv(seq, block_t), batch * kv_heads)](
-        q, keys[0], values[0], tuple(keys[1:]), tuple(values[1:]), out, grad, lse, delta, dq,
-        tuple(dkeys[1:]), tuple(dvalues[1:]),
-        *_strides(q, keys[0], lse), seq, kv_heads, *scales,
+        q, q_rows, keys[0], values[0], key_rows[0], tuple(keys[1:]), tuple(values[1:]), tuple(key_rows[1:]),
+        out, grad, lse, delta, dq, tuple(dkeys[1:]), tuple(dvalues[1:]),
+        *strides, seq, kv_heads, *scales,
         HEAD_DIM=dim, G=groups, STEPS=len(keys) - 1, BLOCK_G=block_g, BLOCK_T=block_t, BLOCK_N=qb.keys,
         BLOCK_D=block_d, num_warps=qb.warps, num_stages=qb.stages,
     )  # fmt: skip
     kb = config.key_grads
     block_g, block_t = _tile(kb.rows, groups)
     _key_grads_kernel[(triton.cdiv(seq, kb.keys), batch * kv_heads)](
-        q, keys[0], values[0], grad, lse, delta, dkeys[0], dvalues[0],
-        *_strides(q, keys[0], lse), seq, kv_heads, *scales,
+        q, q_rows, keys[0], values[0], key_rows[0], grad, lse, delta, dkeys[0], dvalues[0],
+        *strides, seq, kv_heads, *scales,
         HEAD_DIM=dim, G=groups, BLOCK_G=block_g, BLOCK_T=block_t, BLOCK_N=kb.keys, BLOCK_D=block_d,
         num_warps=kb.warps, num_stages=kb.stages,
     )  # fmt: skip
@@ -371,46 +402,64 @@ def _backward_op(
 
 
 @_forward_op.register_fake
-def _(q: torch.Tensor, keys: list[torch.Tensor], values: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-    return torch.empty_like(q), q.new_empty(q.shape[:3], dtype=torch.float32)
+def _(
+    q: torch.Tensor,
+    q_rows: torch.Tensor,
+    keys: list[torch.Tensor],
+    values: list[torch.Tensor],
+    key_rows: list[torch.Tensor],
+) -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.empty_like(q), q.new_empty((*q_rows.shape[:1], q.shape[1], q_rows.shape[1]), dtype=torch.float32)
 
 
 @_backward_op.register_fake
 def _(
     grad: torch.Tensor,
     q: torch.Tensor,
+    q_rows: torch.Tensor,
     keys: list[torch.Tensor],
     values: list[torch.Tensor],
+    key_rows: list[torch.Tensor],
     out: torch.Tensor,
     lse: torch.Tensor,
 ) -> list[torch.Tensor]:
-    return [torch.empty_like(q), *(torch.empty_like(k) for k in keys), *(torch.empty_like(v) for v in values)]
+    return [torch.empty_like(q), *(torch.empty_like(k) for k in keys), *(torch.empty_like(k) for k in keys)]
 
 
 def _setup_context(ctx: Any, inputs: tuple[Any, ...], output: tuple[torch.Tensor, torch.Tensor]) -> None:
-    q, keys, values = inputs
+    q, q_rows, keys, values, key_rows = inputs
     ctx.steps = len(keys)
-    ctx.save_for_backward(q, *keys, *values, *output)
+    ctx.save_for_backward(q, q_rows, *keys, *values, *key_rows, *output)
 
 
 def _backward_rule(ctx: Any, grad: torch.Tensor, _grad_lse: torch.Tensor | None) -> tuple[Any, ...]:
-    q, *rest = ctx.saved_tensors
+    q, q_rows, *rest = ctx.saved_tensors
     steps = ctx.steps
-    keys, values, (out, lse) = rest[:steps], rest[steps : 2 * steps], rest[2 * steps :]
-    grads = _backward_op(grad, q, keys, values, out, lse)
-    return grads[0], grads[1 : 1 + steps], grads[1 + steps :]
+    keys, values, key_rows = rest[:steps], rest[steps : 2 * steps], rest[2 * steps : 3 * steps]
+    out, lse = rest[3 * steps :]
+    grads = _backward_op(grad, q, q_rows, keys, values, key_rows, out, lse)
+    return grads[0], None, grads[1 : 1 + steps], grads[1 + steps :], [None] * steps
 
 
 _forward_op.register_autograd(_backward_rule, setup_context=_setup_context)
 
 
-def ttt_attention(q: torch.Tensor, keys: list[torch.Tensor], values: list[torch.Tensor]) -> torch.Tensor:
-    """eager_ttt_attention's result through the kernel: q [B, heads, T, d]; keys/values one
-    [B, kv_heads, T, d] per step so far (the current one last), all of one layout, d contiguous."""
+def ttt_attention(
+    q: torch.Tensor,
+    q_rows: torch.Tensor,
+    keys: list[torch.Tensor],
+    values: list[torch.Tensor],
+    key_rows: list[torch.Tensor],
+) -> torch.Tensor:
+    """eager_ttt_attention's result through the kernel, on packed rows: q [Nq, heads, d], the queries'
+    rows; keys[j] and values[j] [Nj, kv_heads, d], step j's (the current one last); q_rows and key_rows[j]
+    [B, T] int32, the row of each position of the batch in q and in keys[j] (-1: none, read as zeros).
+    Returns [Nq, heads, d], laid out as q."""
     if triton is None:
         raise RuntimeError("the TTT attention kernel needs Triton (pip install triton)")
-    keys, values = list(keys), list(values)
-    if any(x.stride() != keys[0].stride() or x.stride(-1) != 1 for x in [*keys, *values]):
-        keys, values = [k.contiguous() for k in keys], [v.contiguous() for v in values]
-    out: torch.Tensor = _forward_op(_dense(q), keys, values)[0]
+    keys = [k.contiguous() for k in keys]
+    values = list(values)
+    if any(v.stride() != values[0].stride() or v.stride(-1) != 1 for v in values):
+        values = [v.contiguous() for v in values]
+    out: torch.Tensor = _forward_op(q.contiguous(), q_rows, keys, values, list(key_rows))[0]
     return out
