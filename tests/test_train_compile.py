@@ -21,8 +21,9 @@ from backends.train.attention import FLEX_BLOCK, _exact_block_mask, _ttt_tables
 
 REPO = Path(__file__).resolve().parent.parent
 
-# One start of a run: the tiny draft's compiled step (inductor, TTT 1: the smallest graph) and its eager twin
-# on batches of three lengths, the run's compile cache under argv[1].
+# One start of a run: the tiny draft's compiled step (inductor; TTT argv[2], 1 the smallest graph) and its eager
+# twin on batches of three lengths, the run's compile cache under argv[1]; with argv[3] "kernel", the compiled
+# step's attention is the Triton TTT kernel (under Triton's interpreter here), the eager twin's eager attention.
 START = """
 import argparse, json, sys, time
 from pathlib import Path
@@ -34,8 +35,10 @@ from benchmarks.train_throughput import TINY, make_trainer, synthetic_batch
 
 cache = use_compile_cache(Path(sys.argv[1]))
 ctx = distributed.init()
-options = argparse.Namespace(ttt=1, batch_size=2, attention="auto")
+options = argparse.Namespace(ttt=int(sys.argv[2]), batch_size=2, attention="auto")
 compiled, eager = make_trainer(TINY, options, True, ctx), make_trainer(TINY, options, False, ctx)
+if sys.argv[3] == "kernel":
+    compiled.draft.use_ttt_kernel()
 full = synthetic_batch(TINY, 2, 64, ctx.device, torch.Generator().manual_seed(2), min_length=24)
 losses, seconds = [], []
 for length in (48, 32, 64):
@@ -48,15 +51,16 @@ print(json.dumps({"cache": cache, "losses": losses, "first_step_s": seconds[0],
 """
 
 
-def start_run(out: Path) -> dict[str, Any]:
+def start_run(out: Path, ttt: int = 1, kernel: bool = False) -> dict[str, Any]:
     # Inductor's scalar C++ builds in half the time of its vectorised ones (30 s, not 50, for the first start
     # on 2 cores), and in the process: the cache and the graph count are what is checked, not the speed.
     env = {**os.environ, "PYTHONPATH": str(REPO), "TORCHINDUCTOR_VEC_ISA_OK": "0", "TORCHINDUCTOR_COMPILE_THREADS": "1"}
+    if kernel:
+        env["TRITON_INTERPRET"] = "1"
     for name in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR"):
         env.pop(name, None)
-    done = subprocess.run(
-        [sys.executable, "-c", START, str(out)], env=env, capture_output=True, text=True, timeout=240, cwd=REPO
-    )
+    argv = [sys.executable, "-c", START, str(out), str(ttt), "kernel" if kernel else "eager"]
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=240, cwd=REPO)
     assert done.returncode == 0, done.stderr[-3000:]
     result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
     return result
@@ -79,6 +83,16 @@ def test_one_graph_trains_every_length_as_eager_does_and_a_relaunch_reuses_its_c
     assert again["fxgraph"].get("fxgraph_cache_hit", 0) >= 1 and "fxgraph_cache_miss" not in again["fxgraph"]
     assert again["losses"] == first["losses"]
     assert again["first_step_s"] < first["first_step_s"]
+
+
+@pytest.mark.timeout(300)
+def test_one_graph_with_the_ttt_kernel_trains_every_length_as_eager_attention_does(tmp_path: Path) -> None:
+    """The kernel as a GPU's compiled step runs it (a custom op in the graph, its row maps and row counts
+    symbolic), three TTT steps so that its earlier steps' rows are read through their maps too."""
+    run = start_run(tmp_path / "run", ttt=3, kernel=True)
+    assert run["graphs"] == 1, "three lengths, one graph"
+    for compiled, eager in run["losses"]:
+        assert compiled == pytest.approx(eager, rel=1e-3)
 
 
 @pytest.mark.parametrize("seq", [FLEX_BLOCK, 3 * FLEX_BLOCK])
