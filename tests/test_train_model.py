@@ -161,6 +161,12 @@ def test_rows_outside_the_loss_are_not_computed() -> None:
     assert plan.keys.tolist() == [*range(0, 9), *range(10, 15)]
     assert [r.tolist() for r in plan.rows] == [[4, 5, 6, 7, 8, 14], [4, 5, 6, 7], [4, 5, 6]]
     assert plan.output.max() + 1 == sum(len(r) for r in plan.rows)
+    # Where each position's row sits (what the TTT kernel reads rows through): -1 where it has none.
+    assert plan.where.shape == (1 + steps, 2, seq) and plan.where.dtype == torch.int32
+    for where, rows in zip(plan.where, [plan.keys, *plan.rows], strict=True):
+        expected = torch.full((2 * seq,), -1, dtype=torch.int32)
+        expected[rows] = torch.arange(len(rows), dtype=torch.int32)
+        assert where.flatten().tolist() == expected.tolist()
 
 
 def test_a_batch_without_a_row_in_the_loss_computes_nothing_and_has_zero_gradients() -> None:
