@@ -119,29 +119,35 @@ def _query_rows(  # type: ignore[no-untyped-def]
     row = tl.load(QW + b * T + t, mask=(r // BLOCK_T < G) & (t < T), other=-1)
     row_ok = row >= 0
     d = tl.arange(0, BLOCK_D)
-    q_at = row[:, None].to(tl.int64) * sq_n + head[:, None] * sq_h + d[None, :]
+    q_at = row[:, None] * sq_n + head[:, None] * sq_h + d[None, :]
     return head, t, row_ok, q_at, row_ok[:, None] & (d < HEAD_DIM)[None, :]
 
 
 @_jit
 def _key_rows(  # type: ignore[no-untyped-def]
-    W, b, positions, T, kvh, s_n, s_h, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, TRANSPOSED: tl.constexpr,
+    W, b, positions, T, kvh, s_n, s_h, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
 ):  # fmt: skip
     """Offsets and mask of the key (or value) rows of `positions` of sample b through the map W, as a
-    [positions, d] tile, or [d, positions] if TRANSPOSED."""
+    [positions, d] tile."""
     row = tl.load(W + b * T + positions, mask=positions < T, other=-1)
     d = tl.arange(0, BLOCK_D)
-    d_ok = d < HEAD_DIM
-    base = row.to(tl.int64) * s_n + kvh * s_h
-    if TRANSPOSED:
-        return base[None, :] + d[:, None], (row >= 0)[None, :] & d_ok[:, None]
-    return base[:, None] + d[None, :], (row >= 0)[:, None] & d_ok[None, :]
+    return (row * s_n + kvh * s_h)[:, None] + d[None, :], (row >= 0)[:, None] & (d < HEAD_DIM)[None, :]
+
+
+@_jit
+def _key_columns(  # type: ignore[no-untyped-def]
+    W, b, positions, T, kvh, s_n, s_h, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+):  # fmt: skip
+    """_key_rows' tile transposed: [d, positions]."""
+    row = tl.load(W + b * T + positions, mask=positions < T, other=-1)
+    d = tl.arange(0, BLOCK_D)
+    return (row * s_n + kvh * s_h)[None, :] + d[:, None], (row >= 0)[None, :] & (d < HEAD_DIM)[:, None]
 
 
 @_jit
 def _forward_kernel(  # type: ignore[no-untyped-def]
     Q, QW, K0, V0, KW0, KD, VD, KWD, Out, Lse,
-    sq_n, sq_h, sk_n, sk_h, sv_n, sv_h, sl_b, sl_h,
+    sq_n, sq_h, sk_n, sk_h, sl_b, sl_h,
     T, KV_HEADS, qk_scale,
     HEAD_DIM: tl.constexpr, G: tl.constexpr, STEPS: tl.constexpr,
     BLOCK_G: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
@@ -160,15 +166,14 @@ def _forward_kernel(  # type: ignore[no-untyped-def]
     # (through shared memory) and registers spilled; at 8 x 2048, k=6, 1.03 ms then, 0.89 now (H200).
     qf = q.to(tl.float32)
     for j in tl.static_range(STEPS):
-        k_at, k_ok = _key_rows(KWD[j], b, t, T, kvh, sk_n, sk_h, HEAD_DIM, BLOCK_D, False)
-        kj = tl.load(KD[j] + k_at, mask=k_ok, other=0.0).to(tl.float32)
+        kj_at, kj_ok = _key_rows(KWD[j], b, t, T, kvh, sk_n, sk_h, HEAD_DIM, BLOCK_D)
+        kj = tl.load(KD[j] + kj_at, mask=kj_ok, other=0.0).to(tl.float32)
         sj = tl.sum(qf * kj, 1) * qk_scale
         m_new = tl.maximum(m_i, sj)
         alpha = tl.exp2(m_i - m_new)
         pj = tl.exp2(sj - m_new)
         l_i = l_i * alpha + pj
-        v_at, v_ok = _key_rows(KWD[j], b, t, T, kvh, sv_n, sv_h, HEAD_DIM, BLOCK_D, False)
-        vj = tl.load(VD[j] + v_at, mask=v_ok, other=0.0).to(tl.float32)
+        vj = tl.load(VD[j] + kj_at, mask=kj_ok, other=0.0).to(tl.float32)
         acc = acc * alpha[:, None] + pj[:, None] * vj
         m_i = m_new
     # Key blocks wholly below the tile's first position need no mask; the rest up to its last
@@ -177,7 +182,7 @@ def _forward_kernel(  # type: ignore[no-untyped-def]
     end = tl.minimum(t0 + BLOCK_T, T)
     for start in range(0, end, BLOCK_N):
         keys = start + n
-        k_at, k_ok = _key_rows(KW0, b, keys, T, kvh, sk_n, sk_h, HEAD_DIM, BLOCK_D, True)
+        k_at, k_ok = _key_columns(KW0, b, keys, T, kvh, sk_n, sk_h, HEAD_DIM, BLOCK_D)
         kt = tl.load(K0 + k_at, mask=k_ok, other=0.0)
         s = tl.dot(q, kt) * qk_scale
         if start >= unmasked_end:
@@ -186,7 +191,7 @@ def _forward_kernel(  # type: ignore[no-untyped-def]
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
-        v_at, v_ok = _key_rows(KW0, b, keys, T, kvh, sv_n, sv_h, HEAD_DIM, BLOCK_D, False)
+        v_at, v_ok = _key_rows(KW0, b, keys, T, kvh, sk_n, sk_h, HEAD_DIM, BLOCK_D)
         v = tl.load(V0 + v_at, mask=v_ok, other=0.0)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
         m_i = m_new
@@ -199,7 +204,7 @@ def _forward_kernel(  # type: ignore[no-untyped-def]
 @_jit
 def _key_grads_kernel(  # type: ignore[no-untyped-def]
     Q, QW, K0, V0, KW0, dO, Lse, Delta, dK0, dV0,
-    sq_n, sq_h, sk_n, sk_h, sv_n, sv_h, sl_b, sl_h,
+    sq_n, sq_h, sk_n, sk_h, sl_b, sl_h,
     T, KV_HEADS, qk_scale, sm_scale,
     HEAD_DIM: tl.constexpr, G: tl.constexpr,
     BLOCK_G: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
@@ -210,10 +215,9 @@ def _key_grads_kernel(  # type: ignore[no-untyped-def]
     b = tl.program_id(1) // KV_HEADS
     kvh = tl.program_id(1) % KV_HEADS
     keys = n0 + tl.arange(0, BLOCK_N)
-    k_at, k_ok = _key_rows(KW0, b, keys, T, kvh, sk_n, sk_h, HEAD_DIM, BLOCK_D, False)
-    v_at, v_ok = _key_rows(KW0, b, keys, T, kvh, sv_n, sv_h, HEAD_DIM, BLOCK_D, False)
+    k_at, k_ok = _key_rows(KW0, b, keys, T, kvh, sk_n, sk_h, HEAD_DIM, BLOCK_D)
     k = tl.load(K0 + k_at, mask=k_ok, other=0.0)
-    v = tl.load(V0 + v_at, mask=v_ok, other=0.0)
+    v = tl.load(V0 + k_at, mask=k_ok, other=0.0)
     dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
     # Query tiles that straddle the block's diagonal take the causal mask; those after it see every key.
@@ -239,7 +243,7 @@ def _key_grads_kernel(  # type: ignore[no-untyped-def]
 @_jit
 def _query_grads_kernel(  # type: ignore[no-untyped-def]
     Q, QW, K0, V0, KW0, KD, VD, KWD, Out, dO, Lse, Delta, dQ, dKD, dVD,
-    sq_n, sq_h, sk_n, sk_h, sv_n, sv_h, sl_b, sl_h,
+    sq_n, sq_h, sk_n, sk_h, sl_b, sl_h,
     T, KV_HEADS, qk_scale, sm_scale,
     HEAD_DIM: tl.constexpr, G: tl.constexpr, STEPS: tl.constexpr,
     BLOCK_G: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
@@ -268,10 +272,9 @@ def _query_grads_kernel(  # type: ignore[no-untyped-def]
     dof = do.to(tl.float32)
     positions = t0 + tl.arange(0, BLOCK_T)
     for j in tl.static_range(STEPS):
-        k_at, k_ok = _key_rows(KWD[j], b, t, T, kvh, sk_n, sk_h, HEAD_DIM, BLOCK_D, False)
-        v_at, v_ok = _key_rows(KWD[j], b, t, T, kvh, sv_n, sv_h, HEAD_DIM, BLOCK_D, False)
-        kj = tl.load(KD[j] + k_at, mask=k_ok, other=0.0).to(tl.float32)
-        vj = tl.load(VD[j] + v_at, mask=v_ok, other=0.0).to(tl.float32)
+        kj_at, kj_ok = _key_rows(KWD[j], b, t, T, kvh, sk_n, sk_h, HEAD_DIM, BLOCK_D)
+        kj = tl.load(KD[j] + kj_at, mask=kj_ok, other=0.0).to(tl.float32)
+        vj = tl.load(VD[j] + kj_at, mask=kj_ok, other=0.0).to(tl.float32)
         pj = tl.exp2(tl.sum(qf * kj, 1) * qk_scale - lse)
         dsj = pj * (tl.sum(dof * vj, 1) - delta)
         dq += dsj[:, None] * kj
@@ -279,7 +282,7 @@ def _query_grads_kernel(  # type: ignore[no-untyped-def]
         # nothing to the sums.
         dkj = tl.sum(tl.reshape(dsj[:, None] * qf, (BLOCK_G, BLOCK_T, BLOCK_D)), 0) * sm_scale
         dvj = tl.sum(tl.reshape(pj[:, None] * dof, (BLOCK_G, BLOCK_T, BLOCK_D)), 0)
-        own_at, own_ok = _key_rows(KWD[j], b, positions, T, kvh, sk_n, sk_h, HEAD_DIM, BLOCK_D, False)
+        own_at, own_ok = _key_rows(KWD[j], b, positions, T, kvh, sk_n, sk_h, HEAD_DIM, BLOCK_D)
         tl.store(dKD[j] + own_at, dkj.to(dKD[j].dtype.element_ty), mask=own_ok)
         tl.store(dVD[j] + own_at, dvj.to(dVD[j].dtype.element_ty), mask=own_ok)
     n = tl.arange(0, BLOCK_N)
@@ -287,10 +290,9 @@ def _query_grads_kernel(  # type: ignore[no-untyped-def]
     end = tl.minimum(t0 + BLOCK_T, T)
     for start in range(0, end, BLOCK_N):
         keys = start + n
-        k_at, k_ok = _key_rows(KW0, b, keys, T, kvh, sk_n, sk_h, HEAD_DIM, BLOCK_D, False)
-        v_at, v_ok = _key_rows(KW0, b, keys, T, kvh, sv_n, sv_h, HEAD_DIM, BLOCK_D, False)
+        k_at, k_ok = _key_rows(KW0, b, keys, T, kvh, sk_n, sk_h, HEAD_DIM, BLOCK_D)
         k = tl.load(K0 + k_at, mask=k_ok, other=0.0)
-        v = tl.load(V0 + v_at, mask=v_ok, other=0.0)
+        v = tl.load(V0 + k_at, mask=k_ok, other=0.0)
         p = tl.exp2(tl.dot(q, tl.trans(k)) * qk_scale - lse[:, None])
         if start >= unmasked_end:
             p = tl.where(keys[None, :] <= t[:, None], p, 0.0)
@@ -308,22 +310,22 @@ def _check(
 ) -> None:
     if len(keys) != len(values) or len(keys) != len(key_rows):
         raise ValueError(f"{len(keys)} steps of keys, {len(values)} of values and {len(key_rows)} row maps")
+    tensors = [q, *keys, *values]
     if any(k.shape != v.shape for k, v in zip(keys, values, strict=True)):
         raise ValueError("each step's keys and values must have one shape")
-    if any(k.shape[1:] != keys[0].shape[1:] or not k.is_contiguous() for k in keys):
-        raise ValueError("every step's keys must be contiguous [rows, kv_heads, head_dim]")
-    if any(v.stride() != values[0].stride() or v.stride(-1) != 1 for v in values):
-        raise ValueError("every step's values must share one layout, contiguous along head_dim")
-    if not q.is_contiguous():
-        raise ValueError("q must be contiguous [rows, heads, head_dim]")
-    if any(w.shape != q_rows.shape or w.dtype != torch.int32 or not w.is_contiguous() for w in key_rows):
+    if any(k.shape[1:] != keys[0].shape[1:] for k in keys) or not all(x.is_contiguous() for x in tensors):
+        raise ValueError("q, keys and values must be contiguous [rows, heads, head_dim], one width for every step")
+    if any(x.numel() >= 2**31 for x in tensors):
+        raise ValueError("the kernel indexes q, keys and values with 32-bit offsets: split the batch")
+    if any(w.shape != q_rows.shape or w.dtype != torch.int32 or not w.is_contiguous() for w in [q_rows, *key_rows]):
         raise ValueError("the row maps must be contiguous int32 [batch, seq], one shape")
     if q.shape[1] % keys[0].shape[1] or q.shape[-1] < MIN_HEAD_DIM:
         raise ValueError(f"heads {q.shape[1]} / kv heads {keys[0].shape[1]}, head_dim {q.shape[-1]} not supported")
 
 
-def _strides(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lse: torch.Tensor) -> tuple[int, ...]:
-    return (q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), lse.stride(0), lse.stride(1))
+def _strides(q: torch.Tensor, k: torch.Tensor, lse: torch.Tensor) -> tuple[int, ...]:
+    """Q's (and O's and dO's) row and head strides, the keys' (and values' and their gradients'), Lse's."""
+    return (q.stride(0), q.stride(1), k.stride(0), k.stride(1), lse.stride(0), lse.stride(1))
 
 
 # Custom ops: torch.compile sees one opaque node with a known output shape (and so never guards on the
@@ -348,7 +350,7 @@ def _forward_op(
     grid = (triton.cdiv(seq, block_t), batch * kv_heads)
     _forward_kernel[grid](
         q, q_rows, keys[0], values[0], key_rows[0], tuple(keys[1:]), tuple(values[1:]), tuple(key_rows[1:]), out, lse,
-        *_strides(q, keys[0], values[0], lse), seq, kv_heads, dim**-0.5 * LOG2E,
+        *_strides(q, keys[0], lse), seq, kv_heads, dim**-0.5 * LOG2E,
         HEAD_DIM=dim, G=groups, STEPS=len(keys) - 1, BLOCK_G=block_g, BLOCK_T=block_t,
         BLOCK_N=blocks.keys, BLOCK_D=triton.next_power_of_2(dim), num_warps=blocks.warps, num_stages=blocks.stages,
     )  # fmt: skip
@@ -374,13 +376,12 @@ def _backward_op(
     grad = grad.contiguous()
     delta = torch.empty_like(lse)
     dq = torch.empty_like(q)
-    # Both laid out as the keys (contiguous), which the kernels index them with.
     dkeys = [torch.empty_like(k) for k in keys]
-    dvalues = [torch.empty_like(k) for k in keys]
+    dvalues = [torch.empty_like(v) for v in values]
     config = _config(dim)
     scales = (dim**-0.5 * LOG2E, dim**-0.5)
     block_d = triton.next_power_of_2(dim)
-    strides = _strides(q, keys[0], values[0], lse)
+    strides = _strides(q, keys[0], lse)
     qb = config.query_grads
     block_g, block_t = _tile(qb.rows, groups)
     _query_grads_kernel[(triton.cdiv(seq, block_t), batch * kv_heads)](
@@ -423,7 +424,7 @@ def _(
     out: torch.Tensor,
     lse: torch.Tensor,
 ) -> list[torch.Tensor]:
-    return [torch.empty_like(q), *(torch.empty_like(k) for k in keys), *(torch.empty_like(k) for k in keys)]
+    return [torch.empty_like(q), *(torch.empty_like(k) for k in keys), *(torch.empty_like(v) for v in values)]
 
 
 def _setup_context(ctx: Any, inputs: tuple[Any, ...], output: tuple[torch.Tensor, torch.Tensor]) -> None:
@@ -457,9 +458,8 @@ def ttt_attention(
     Returns [Nq, heads, d], laid out as q."""
     if triton is None:
         raise RuntimeError("the TTT attention kernel needs Triton (pip install triton)")
-    keys = [k.contiguous() for k in keys]
-    values = list(values)
-    if any(v.stride() != values[0].stride() or v.stride(-1) != 1 for v in values):
-        values = [v.contiguous() for v in values]
+    # Values laid out as keys: one offset tile serves both (separate ones spilled registers: 1.4 KB a thread
+    # in the dQ kernel at 6 steps, 640 B with one).
+    keys, values = [k.contiguous() for k in keys], [v.contiguous() for v in values]
     out: torch.Tensor = _forward_op(q.contiguous(), q_rows, keys, values, list(key_rows))[0]
     return out
