@@ -116,6 +116,25 @@ def test_the_draft_through_the_kernel_is_the_draft_through_eager_attention(
     check(worker, kind=1, batch=2, seq=seq, steps=steps, seed=seed)
 
 
+@pytest.mark.timeout(300)
+def test_the_attention_kernels_build_for_hopper() -> None:
+    """Triton's compiler for sm_90 (no GPU needed), where the interpreter above accepts code the compiler
+    refuses: every kernel with no earlier step and with six, at each head_dim's tiles."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmarks.ttt_kernel_build", "--steps", "0,6", "--head-dims", "64,128,256"],
+        env={**env, "PYTHONPATH": str(ROOT)},
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=280,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    built = [line.split()[:3] for line in done.stdout.splitlines()[1:]]
+    kernels = ("forward", "key_grads", "query_grads")
+    assert built == [[k, d, s] for d in ("64", "128", "256") for s in ("0", "6") for k in kernels]
+
+
 def test_silu_mul_kernels_are_the_torch_formula(worker: Worker) -> None:
     """Forward and gate-up's gradient, over rows wider than one program's block, with a ragged tail."""
     check(worker, kind=2, rows=3, width=2500, seed=0)
