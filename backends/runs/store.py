@@ -226,17 +226,12 @@ def progress_of(rows: list[dict[str, Any]]) -> dict[str, float] | None:
 def nonfinite_of(rows: list[dict[str, Any]]) -> NonfiniteValue | None:
     """The newest NaN or infinite value of metric rows (newest first): a value that went back to finite over
     the rows read is no longer news."""
-    finite_since: set[str] = set()  # metrics a newer row holds a finite value of
     for row in rows:
         for name, value in row.items():
             number = nonfinite_spelled(value) if isinstance(value, str) else value
             if isinstance(number, float) and not math.isfinite(number):
-                if name in finite_since:
-                    continue
                 step = row.get(Metric.STEP)
                 return {"metric": name, "step": step if _is_int(step) else None, "value": str(number)}
-            if _is_number(number):
-                finite_since.add(name)
     return None
 
 
