@@ -629,6 +629,15 @@ def test_progress_is_read_from_the_whole_lines_of_the_metrics_tail(tmp_path: Pat
         pytest.param(
             [{Metric.STEP: 5, Metric.LOSS: 1.0, Metric.SOURCE: "specforge", "note": "infinite"}], None, id="none"
         ),
+        pytest.param(
+            [
+                {Metric.STEP: 10, Metric.LOSS: 0.9},
+                {Metric.STEP: 9, Metric.LOSS: 1.0},
+                {Metric.STEP: 8, Metric.LOSS: "nan"},
+            ],
+            (Metric.LOSS, 8, "nan"),
+            id="back-to-finite-still-told",
+        ),
     ],
 )
 def test_the_newest_nan_or_infinity_of_metric_rows_is_told(

@@ -224,8 +224,9 @@ def progress_of(rows: list[dict[str, Any]]) -> dict[str, float] | None:
 
 
 def nonfinite_of(rows: list[dict[str, Any]]) -> NonfiniteValue | None:
-    """The newest NaN or infinite value of metric rows (newest first): a value that went back to finite over
-    the rows read is no longer news."""
+    """The newest NaN or infinite value of metric rows (newest first), even where newer rows hold that metric
+    finite again: a console polling every 2 s tells a one-step NaN of a run it does not follow only through
+    this. One older than the rows read (the metrics' last PROGRESS_TAIL bytes) is no longer news."""
     for row in rows:
         for name, value in row.items():
             number = nonfinite_spelled(value) if isinstance(value, str) else value
