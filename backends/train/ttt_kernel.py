@@ -135,16 +135,6 @@ def _key_rows(  # type: ignore[no-untyped-def]
 
 
 @_jit
-def _key_columns(  # type: ignore[no-untyped-def]
-    W, b, positions, T, kvh, s_n, s_h, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-):  # fmt: skip
-    """_key_rows' tile transposed: [d, positions]."""
-    row = tl.load(W + b * T + positions, mask=positions < T, other=-1)
-    d = tl.arange(0, BLOCK_D)
-    return (row * s_n + kvh * s_h)[None, :] + d[:, None], (row >= 0)[None, :] & (d < HEAD_DIM)[:, None]
-
-
-@_jit
 def _forward_kernel(  # type: ignore[no-untyped-def]
     Q, QW, K0, V0, KW0, KD, VD, KWD, Out, Lse,
     sq_n, sq_h, sk_n, sk_h, sl_b, sl_h,
@@ -182,17 +172,16 @@ def _forward_kernel(  # type: ignore[no-untyped-def]
     end = tl.minimum(t0 + BLOCK_T, T)
     for start in range(0, end, BLOCK_N):
         keys = start + n
-        k_at, k_ok = _key_columns(KW0, b, keys, T, kvh, sk_n, sk_h, HEAD_DIM, BLOCK_D)
-        kt = tl.load(K0 + k_at, mask=k_ok, other=0.0)
-        s = tl.dot(q, kt) * qk_scale
+        k_at, k_ok = _key_rows(KW0, b, keys, T, kvh, sk_n, sk_h, HEAD_DIM, BLOCK_D)
+        k = tl.load(K0 + k_at, mask=k_ok, other=0.0)
+        s = tl.dot(q, tl.trans(k)) * qk_scale
         if start >= unmasked_end:
             s = tl.where(keys[None, :] <= t[:, None], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
-        v_at, v_ok = _key_rows(KW0, b, keys, T, kvh, sk_n, sk_h, HEAD_DIM, BLOCK_D)
-        v = tl.load(V0 + v_at, mask=v_ok, other=0.0)
+        v = tl.load(V0 + k_at, mask=k_ok, other=0.0)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
         m_i = m_new
     out = acc / l_i[:, None]
