@@ -399,7 +399,14 @@ def main() -> int:
         f"(tiny: {','.join(TINY_SHAPES)})",
     )
     parser.add_argument("--variants", default=None, help=f"comma list of {', '.join(VARIANTS)}")
+    parser.add_argument(
+        "--tiles", type=Path, help="the TTT kernel's tiles from a sweep (benchmarks.ttt_kernel_check --sweep --best)"
+    )
     args = parser.parse_args()
+    if args.tiles is not None:
+        from benchmarks.ttt_kernel_check import use_tiles
+
+        use_tiles(args.tiles)
     started = time.perf_counter()
     ctx = distributed.init()
     device = ctx.device

@@ -29,7 +29,7 @@ import functools
 import json
 import time
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import astuple, replace
 from pathlib import Path
 from typing import Any
 
@@ -132,8 +132,16 @@ def tflops(batch: int, seq: int, step: int, ms: float, factor: float = 1.0) -> f
     return flops / ms / 1e9
 
 
-def sweep(gen: torch.Generator) -> list[list[str]]:
-    """Each kernel's tile choices at 8 x 2048, TTT step 6 (the most registers), the others at their defaults."""
+def use_tiles(path: Path) -> None:
+    """Set head_dim 128's tiles to those a --best file names (written by a sweep): how the sweep's choice is
+    timed in the train step (benchmarks.specforge_compare --tiles) before it is written into CONFIGS."""
+    chosen = {part: Blocks(*numbers) for part, numbers in json.loads(path.read_text()).items()}
+    ttt_kernel.CONFIGS[HEAD_DIM] = replace(ttt_kernel.CONFIGS[HEAD_DIM], **chosen)
+
+
+def sweep(gen: torch.Generator, best: Path | None) -> list[list[str]]:
+    """Each kernel's tile choices at 8 x 2048, TTT step 6 (the most registers), the others at their defaults;
+    the fastest of each written to `best` (JSON, as use_tiles reads it) and used from then on."""
     batch, seq, step = 8, 2048, 6
     q, keys, values = inputs(batch, seq, step + 1, gen)
     grad = torch.randn_like(q)
@@ -152,6 +160,7 @@ def sweep(gen: torch.Generator) -> list[list[str]]:
         "query_grads": [Blocks(64, 64, 4, 2), Blocks(64, 64, 8, 3), Blocks(64, 64, 8, 2), Blocks(128, 64, 8, 2)],
     }
     rows = []
+    fastest: dict[str, tuple[float, Blocks]] = {}
     for part, choices in variants.items():
         for blocks in choices:
             ttt_kernel.CONFIGS[HEAD_DIM] = replace(default, **{part: blocks})
@@ -160,8 +169,18 @@ def sweep(gen: torch.Generator) -> list[list[str]]:
                 rows.append([part, str(blocks), f"{fwd:.3f}", f"{bwd:.3f}"])
             except Exception as exc:  # a tile that does not fit (shared memory, registers) is reported, not fatal
                 rows.append([part, str(blocks), "failed", type(exc).__name__])
-            print(rows[-1], flush=True)
+                continue
+            finally:
+                print(rows[-1], flush=True)
+            # The forward's tiles move the forward alone; each backward kernel's move the backward.
+            ms = fwd if part == "forward" else bwd
+            if part not in fastest or ms < fastest[part][0]:
+                fastest[part] = (ms, blocks)
     ttt_kernel.CONFIGS[HEAD_DIM] = default
+    if best is not None:
+        best.write_text(json.dumps({part: astuple(blocks) for part, (_, blocks) in fastest.items()}))
+        use_tiles(best)
+        print(f"fastest tiles, used from here on: {best.read_text()}", flush=True)
     return rows
 
 
@@ -201,6 +220,7 @@ def main() -> None:
     parser.add_argument("--flex-steps", default="0,3,6", help="the k at which flex is timed too (compiles per shape)")
     parser.add_argument("--sweep", action="store_true", help="time tile choices first")
     parser.add_argument("--results", type=Path, help="append one JSON line per row to this file")
+    parser.add_argument("--best", type=Path, help="with --sweep: write the fastest tiles here, and check with them")
     args = parser.parse_args()
     import triton
 
@@ -210,7 +230,7 @@ def main() -> None:
     # donates its buffers (a saving for one backward per forward, as in training).
     functorch_config.donated_buffer = False
     if args.sweep:
-        print_table(sweep(gen), ("kernel", "tiles", "fwd ms", "bwd ms"))
+        print_table(sweep(gen, args.best), ("kernel", "tiles", "fwd ms", "bwd ms"))
     flex_steps = {int(k) for k in args.flex_steps.split(",") if k}
     timed = {int(s) for s in args.time_seq.split(",") if s}
     headers = (
