@@ -1,16 +1,19 @@
 """The TTT attention kernel on the GPU: checked against the eager formula, timed against compiled flex.
 
-    python -m benchmarks.ttt_kernel_check [--batch 1,8] [--seq 2048,1000,512] [--time-seq 2048] [--sweep]
+    python -m benchmarks.ttt_kernel_check [--batch 1,8] [--seq 2048,1000,512] [--time-seq 2048] [--sweep [--best F]]
 
 Every (batch, seq, TTT step k = 0..--ttt-1) at the Llama-3.1-8B draft's attention shape (32 heads, 8 kv
-heads, head_dim 128; bf16, laid out as the trainer lays them, [B, T, heads, d] seen as [B, heads, T, d]):
+heads, head_dim 128; bf16; [B, T, heads, d], seen as [B, heads, T, d] by eager and flex and as packed rows,
+one at every position, by the kernel):
 the kernel's output and its q, k and v gradients (of every step) against eager_ttt_attention in float32 on
 the same inputs, as max ||x - ref|| / ||ref|| (goal <= 1e-2; compiled flex's own error is shown beside it).
 At the --time-seq lengths it times the kernel's forward and backward against flex_ttt_attention with
 ttt_block_mask, compiled as the trainer compiles it (triton.testing.do_bench, median ms); --flex-steps
 limits which k flex is timed at (each shape compiles apart). --sweep first times a few tile choices of
-each of the kernel's three kernels at one shape (the figures behind ttt_kernel.CONFIGS). Prints a table
-last; --results appends one JSON line per row.
+each of the kernel's three kernels at one shape (the figures behind ttt_kernel.CONFIGS); --best writes the
+fastest to a file, checks and times with them, and benchmarks.specforge_compare --tiles takes that file. Prints
+a table last; --results appends one JSON line per row. (Registers and spills at no device time:
+benchmarks.ttt_kernel_build.)
 
 Work counted per call (forward): 4 * B * H * d * (T(T+1)/2 + kT) flops; backward 2.5x that.
 
@@ -19,7 +22,8 @@ shape within 2.5e-3 of float32 eager, as flex is. 8 x 2048, ms kernel/flex (flex
 tables written from the length): forward k=0 0.70/0.90, k=6 1.02/2.56; backward k=0 2.13/3.55, k=6 3.43/7.87.
 1 x 2048: forward k=0 0.15/0.15, k=6 0.16/0.37; backward k=0 0.40/0.70, k=6 0.59/1.23. In the compiled train
 step (benchmarks.train_throughput, 8 x 2048, --attention triton, before dO.O moved into the dQ kernel): 34,953
-tokens/s, 30.4 GiB.
+tokens/s, 30.4 GiB. Those figures are of the kernel before it took packed rows through row maps (2026-12-05,
+not yet run on a GPU: no device was lent that session).
 """
 
 from __future__ import annotations
