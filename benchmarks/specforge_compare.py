@@ -131,6 +131,14 @@ group by group against the floors above: attention 26.7 ms for ~14, the q/k/v an
 and scatters ~12 (no floor: a layout that makes them views removes them), the norms' backward ~3,
 the loss 8.5 for 6.5, the device idle ~3.5 a step after the host syncs.
 
+Then (2026-12-05) the TTT kernel reads q, k and v as the trainer's packed rows, through a map of each
+position's row (step_rows.where): gone are the zero-filled [B*T] copies of q, k and v at every step and the
+gathers back, part of the ~12 ms of gathers and scatters above (the rest: the hidden rows' and the embeddings'
+gathers). Not measured: no device was lent that session. Built for sm_90 without one
+(benchmarks.ttt_kernel_build), the dQ kernel spills 384 B a thread at 6 steps (640 before), the forward 208 (0
+before). To measure in one call: `python -m benchmarks.ttt_kernel_check --sweep --best $OUT/best.json --batch
+8,1 --seq 2048 --flex-steps ""`, then this benchmark at --shapes 8x2048 with and without `--tiles $OUT/best.json`.
+
 Earlier (2026-12-02, flex attention, before the TTT kernel): 1.40x / 1.24x at 8 x 2048, 1.81x /
 1.49x at 1 x 2048; 2.46x / 2.13x on 8 chats of 512..2,048 with 256-token prompts.
 """
