@@ -7,9 +7,10 @@ post-attention norm and MLP; `fc` fuses the aux hidden states of the target;
 `lm_head`: the loss applies it to the rows it reads); `embed_tokens` is the
 target's, frozen. The hidden state handed to the next TTT step is the layer's
 output before `norm`, as SGLang's draft hands it to its next draft step. Each
-step runs only the rows that reach the loss (step_rows.StepRows), packed;
-the Triton attention kernel reads them so through a map of each position's
-row, and only eager and flex attention see them laid out over the whole batch.
+step runs only the rows that reach the loss (step_rows.StepRows), packed.
+The Triton attention kernel reads them as they are, through a map of each
+position's row; only eager and flex attention see them laid out over the
+whole batch.
 
 Alignment (EAGLE's): at position t the draft reads the target's features of
 position t and the token x_{t+1}. At TTT step k it reads token x_{t+1+k} and
