@@ -170,6 +170,9 @@ def test_an_argmax_tied_across_the_draft_vocabulary_goes_to_the_smaller_target_i
 
 KERNEL_CHECK = """
 import torch
+# One thread: the torch formula's reductions on two threads landed 5.6e-5 (relative) from the kernel in 4 runs of 6
+# on the same seeded inputs, and within 1e-5 in 6 of 6 on one.
+torch.set_num_threads(1)
 from backends.train import loss
 from backends.train.target import Teacher
 
