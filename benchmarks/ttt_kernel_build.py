@@ -44,10 +44,10 @@ def _type(name: str, steps: int) -> str | tuple[str, ...]:
         return "*i32"
     if name in FLOAT32:
         return "*fp32"
+    if name.endswith("scale"):  # before the strides' "s": sm_scale is a float
+        return "fp32"
     if name in INTS or name.startswith("s"):
         return "i32"
-    if name.endswith("scale"):
-        return "fp32"
     return "*bf16"  # the tensors: Q, K0, V0, Out, dO, dQ, dK0, dV0
 
 

@@ -399,7 +399,7 @@ def _(
     values: list[torch.Tensor],
     key_rows: list[torch.Tensor],
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    return torch.empty_like(q), q.new_empty((*q_rows.shape[:1], q.shape[1], q_rows.shape[1]), dtype=torch.float32)
+    return torch.empty_like(q), q.new_empty((q_rows.shape[0], q.shape[1], q_rows.shape[1]), dtype=torch.float32)
 
 
 @_backward_op.register_fake
