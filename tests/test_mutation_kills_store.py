@@ -659,6 +659,8 @@ REFUSED = [
     pytest.param({"stall_after": 0}, "stall window must be positive seconds", id="stall-zero"),
     pytest.param({"stall_after": math.inf}, "stall window must be positive seconds", id="stall-infinite"),
     pytest.param({"created_at": "now"}, "created_at must be a time in seconds", id="created-text"),
+    pytest.param({"created_at": math.nan}, "created_at must be a time in seconds", id="created-nan"),
+    pytest.param({"created_at": -math.inf}, "created_at must be a time in seconds", id="created-infinite"),
     pytest.param(
         {"kind": "train", "metrics_from": 3}, "metrics_from must be a string or null", id="metrics-from-number"
     ),

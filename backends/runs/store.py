@@ -178,7 +178,7 @@ class RunSpec:
         self._validate_passable()
         if self.stall_after is not None and (not _is_number(self.stall_after) or not 0 < self.stall_after < math.inf):
             raise SpecError("stall window must be positive seconds")
-        if not _is_number(self.created_at):
+        if not _is_number(self.created_at) or not math.isfinite(self.created_at):
             raise SpecError("created_at must be a time in seconds")
         if self.metrics_from is not None:
             self._validate_metrics_from()
