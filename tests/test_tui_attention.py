@@ -196,8 +196,8 @@ async def test_help_shows_this_consoles_keys_grouped_and_the_legend(workdir: Pat
         await until(pilot, lambda: app.focused is not None, what="the focus")
         assert app.focused is not None and app.focused.id == "cancel"
         text = screen.text.plain
-        assert text.index("the selected run") < text.index("kill run") < text.index("states")
-        assert "wrap log" in text and "ctrl+p" in text
+        assert text.index("the selected run") < text.index("k           kill") < text.index("states")
+        assert "w           wrap" in text and "^p          find a run by name, id or state" in text
         for legend in ("stalled", "failed", "● a failure not looked at yet", "health history", "█", "·"):
             assert legend in text
         assert "Cursor" not in text  # Textual's generic keys are not this console's

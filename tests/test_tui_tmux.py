@@ -128,6 +128,10 @@ def whole_loss_curve(screen: str) -> bool:
     return starts and abs(x_reach(axis, labels) - STEPS) <= STEPS * 0.05
 
 
+FOOTER = ("k kill", "r relaunch", "f free GPUs", "s stacks", "t theme", "w wrap", "c chart", "? help", "q quit")
+FOOTER += ("^p find run",)
+
+
 def started(shown: str) -> str:
     """The run a relaunch's notification says it started ("" while none shows)."""
     found = re.search(rf"run ({RUN_ID}) started, replacing", shown)
@@ -149,6 +153,8 @@ def test_a_training_keeps_every_training_point_across_its_evals(
     with console(sshd, workdir, host_python, size) as term:
         launch(workdir, "train", "--name", "draft", "--", sys.executable, str(script), "--seed", "1")
         term.wait_text(f"trained {STEPS} steps", timeout=60)
+        # Every key the footer shows fits on its line, quit and the run finder too (at 100 columns quit was cut).
+        term.wait_for(lambda shown: all(key in shown.splitlines()[-1] for key in FOOTER), 10, "the whole footer")
         # The last training row, then the last eval: both curves end on their last values, and the loss curve
         # still runs from the first step to the last (an eval row once cut it to a one-point val_loss curve).
         term.wait_for(

@@ -860,7 +860,7 @@ class ConsoleApp(App[None]):
     def action_help(self) -> None:
         """This console's keys, grouped, and what each state's colour means."""
         keys = [
-            (self.get_key_display(binding), binding.description, binding.action)
+            (self.get_key_display(binding), binding.tooltip or binding.description, binding.action)
             for binding in self.keys_in_force()
             if self.check_action(binding.action, ())
         ]

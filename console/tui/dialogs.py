@@ -186,12 +186,11 @@ KEY_GROUPS = (
         ("pick_chart", "next_chart", "chart_toggle('log_scale')", "chart_toggle('robust')", "chart_toggle('smooth')"),
     ),
     ("the log", ("wrap", "find_in_log", "log_match(True)", "log_match(False)", "stop_finding", "copy_log")),
-    ("the console", ("next_theme", "help", "quit")),
+    ("the console", ("command_palette", "next_theme", "help", "quit")),
 )
 MOVING = (
     ("↑ ↓ / click", "select a run (the detail, curves and log follow it)"),
     ("enter", "on a multi-node job's line: show its nodes' runs under it, or fold them"),
-    ("ctrl+p", "find a run by name, id or state"),
     ("click / tab", "give the log the keys (click the runs to take them back)"),
     ("PgUp PgDn", "in the log: scroll (at its end it follows the tail again)"),
     ("← →", "in the log: scroll cut lines sideways (shift+wheel too)"),

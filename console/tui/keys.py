@@ -10,15 +10,16 @@ from collections.abc import Mapping
 from textual.binding import Binding, BindingType
 from textual.keys import Keys, _character_to_key, format_key
 
-# An id is the action's name in config.toml's [keys] (Textual's keymap puts the key chosen there).
+# An id is the action's name in config.toml's [keys] (Textual's keymap puts the key chosen there). The footer's
+# labels are short: at 100 columns every shown key, quit included, and ctrl+p fit on its one line (a tooltip is
+# what the help says instead).
 BINDINGS: list[BindingType] = [
-    # An id is the action's name in config.toml's [keys] (Textual's keymap puts the key chosen there).
-    Binding("k", "kill", "kill run", id="kill"),
+    Binding("k", "kill", "kill", id="kill"),
     Binding("r", "relaunch", "relaunch", id="relaunch"),
     Binding("f", "free_gpus", "free GPUs", id="free_gpus"),
     Binding("s", "stacks", "stacks", id="stacks"),
     Binding("t", "next_theme", "theme", id="theme"),
-    Binding("w", "wrap", "wrap log", id="wrap"),
+    Binding("w", "wrap", "wrap", id="wrap", tooltip="wrap long lines, or cut them (scroll sideways)"),
     Binding("slash", "find_in_log", "find text in the log (any case)", key_display="/", show=False),
     Binding("n", "log_match(True)", "next match (older)", show=False),
     Binding("N", "log_match(False)", "previous match (newer)", show=False),
@@ -31,6 +32,10 @@ BINDINGS: list[BindingType] = [
     Binding("S", "chart_toggle('smooth')", "smoothing", show=False),
     Binding("question_mark", "help", "help", id="help"),
     Binding("q", "quit", "quit", id="quit"),
+    # Textual's own would say "palette": here it finds runs (console.tui.commands.RunCommands).
+    Binding(
+        "ctrl+p", "command_palette", "find run", show=False, priority=True, tooltip="find a run by name, id or state"
+    ),
 ]
 
 
