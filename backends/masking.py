@@ -25,6 +25,8 @@ from __future__ import annotations
 import re
 import shlex
 
+from backends import shellwords
+
 MASK = "***"
 _ENDINGS = ("token", "key", "secret", "password", "passwd", "auth", "credential")
 _PLURALS = ("secrets", "passwords", "credentials")
@@ -151,12 +153,13 @@ def _spaced(word: str) -> bool:
 
 
 def _shell_words(text: str) -> list[str]:
-    lexer = shlex.shlex(text, posix=True, punctuation_chars=True)
-    lexer.whitespace_split = True
+    """The words of a shell string; as spaces part them when it is one word (`$(cmd --api-key X)`: a secret in
+    the command it runs) or cannot be split (an unclosed quote)."""
     try:
-        return list(lexer)
-    except ValueError:  # an unclosed quote: its words as spaces part them
+        words: list[str] = list(shellwords.split(text))
+    except ValueError:
         return text.split()
+    return text.split() if len(words) == 1 and words[0] == text.strip() else words
 
 
 def _secret_of(word: str, masked: str) -> str | None:

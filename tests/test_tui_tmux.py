@@ -129,7 +129,7 @@ def whole_loss_curve(screen: str) -> bool:
 
 
 FOOTER = ("k kill", "r relaunch", "f free GPUs", "s stacks", "t theme", "w wrap", "c chart", "? help", "q quit")
-FOOTER += ("^p find run",)
+FOOTER_FINDER = "^p find run"
 
 
 def started(shown: str) -> str:
@@ -154,7 +154,9 @@ def test_a_training_keeps_every_training_point_across_its_evals(
         launch(workdir, "train", "--name", "draft", "--", sys.executable, str(script), "--seed", "1")
         term.wait_text(f"trained {STEPS} steps", timeout=60)
         # Every key the footer shows fits on its line, quit and the run finder too (at 100 columns quit was cut).
-        term.wait_for(lambda shown: all(key in shown.splitlines()[-1] for key in FOOTER), 10, "the whole footer")
+        term.wait_for(
+            lambda shown: all(key in shown.splitlines()[-1] for key in (*FOOTER, FOOTER_FINDER)), 10, "the whole footer"
+        )
         # The last training row, then the last eval: both curves end on their last values, and the loss curve
         # still runs from the first step to the last (an eval row once cut it to a one-point val_loss curve).
         term.wait_for(

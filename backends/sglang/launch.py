@@ -29,6 +29,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path, PurePosixPath
 
+from backends import shellwords
 from backends.argv_edit import edit_argv, flag_value
 from backends.sglang import facts
 
@@ -60,8 +61,6 @@ PREFIXES: Mapping[str, frozenset[str]] = {
     "timeout": frozenset({"-s", "-k"}),
     "taskset": frozenset(),
 }
-_SHELL_OPERATORS = frozenset({"&&", "||", ";", "|", "&", ";;", "(", ")"})
-_REDIRECTS = frozenset({">", ">>", "<", ">&", "<&", "&>", "&>>", ">|", "<<", "<<<"})
 _SHELL_VARIABLE = re.compile(r"\$(?:\{(\w+)\}|(\w+))")
 # docker/podman run's options that take no value (every other option takes one).
 _CONTAINER_SWITCHES = frozenset({
@@ -389,7 +388,7 @@ def _read_shell(argv: list[str], at: _Reading) -> ServerLaunch | None:
         return None  # `bash script.sh`: a wrapper script
     text, positional = argv[index + 1], argv[index + 3 :]
     shell = f"{Path(argv[0]).name} -c"
-    words = _shell_words(text)
+    words = shellwords.split(text)
     segments = _segments(words)
     for start, end in reversed(segments):
         env_here, own_here = dict(at.env), dict(at.own)
@@ -397,14 +396,15 @@ def _read_shell(argv: list[str], at: _Reading) -> ServerLaunch | None:
         while begin < end and (words[begin] in ("exec", "command") or _assignment(words[begin])):
             if _assignment(words[begin]):
                 key, _, value = words[begin].partition("=")
-                env_here[key] = own_here[key] = " ".join(_expand_one(value, env_here)[0])
+                expanded = _expand_one(value, env_here)[0] if words[begin].expands else [value]
+                env_here[key] = own_here[key] = " ".join(expanded)
             begin += 1
         command, redirects = _without_redirects(words[begin:end])
         env_here["@"] = "\0".join(positional)
 
         def rebuilt(new: list[str], begin: int = begin, end: int = end, redirects: list[str] = redirects) -> list[str]:
             # A redirection means the same anywhere in its command: it is written after the flags.
-            text = _shell_join([*words[:begin], *new, *redirects, *words[end:]])
+            text = shellwords.join([*words[:begin], *new, *redirects, *words[end:]])
             return at.rebuild([*argv[: index + 1], text, *argv[index + 2 :]])
 
         found = _read(command, replace(at, via=(*at.via, shell), env=env_here, own=own_here, rebuild=rebuilt))
@@ -413,26 +413,10 @@ def _read_shell(argv: list[str], at: _Reading) -> ServerLaunch | None:
     return None
 
 
-def _shell_words(text: str) -> list[str]:
-    lexer = shlex.shlex(text.replace("\\\n", " "), posix=True, punctuation_chars=";&|<>()")
-    lexer.whitespace = " \t\r"  # a newline ends a command, as `;` does
-    lexer.whitespace_split = True
-    lexer.wordchars += "\n"
-    words: list[str] = []
-    for word in lexer:
-        parts = word.split("\n")
-        for number, part in enumerate(parts):
-            if number:
-                words.append(";")
-            if part:
-                words.append(part)
-    return words
-
-
-def _segments(words: list[str]) -> list[tuple[int, int]]:
+def _segments(words: Sequence[str]) -> list[tuple[int, int]]:
     found, start = [], 0
     for index, word in enumerate(words):
-        if word in _SHELL_OPERATORS:
+        if shellwords.is_operator(word):
             if index > start:
                 found.append((start, index))
             start = index + 1
@@ -446,26 +430,32 @@ def _assignment(word: str) -> bool:
     return bool(sep) and key.isidentifier()
 
 
-def _without_redirects(words: list[str]) -> tuple[list[str], list[str]]:
-    """A simple command's words less its redirections (`> log`, `2>&1`), and those."""
+def _without_redirects(words: list[shellwords.ShellWord]) -> tuple[list[str], list[str]]:
+    """A simple command's words less its redirections (`> log`, `2>&1`: a descriptor only when written against its
+    redirection; `--tp 2 > log` keeps its 2), and those."""
     kept: list[str] = []
     redirects: list[str] = []
     skip = False
     for index, word in enumerate(words):
-        if skip or word in _REDIRECTS or (word.isdigit() and words[index + 1 : index + 2] in ([r] for r in _REDIRECTS)):
+        after = words[index + 1] if index + 1 < len(words) else None
+        descriptor = word.isdigit() and after is not None and shellwords.is_redirect(after) and after.glued_to is word
+        if skip or shellwords.is_redirect(word) or descriptor:
             redirects.append(word)
-            skip = word in _REDIRECTS
+            skip = shellwords.is_redirect(word)
             continue
         kept.append(word)
     return kept, redirects
 
 
 def _expand_one(word: str, env: Mapping[str, str]) -> tuple[list[str], bool]:
-    """A shell word with the variables `env` knows expanded ("$@" into its words); whether any was left."""
+    """A shell word with the variables `env` knows expanded ("$@" into its words, an unquoted `$FLAGS` split at its
+    blanks as the shell splits it); whether any part was left unexpanded (a command's output is never known)."""
+    if isinstance(word, shellwords.ShellWord) and not word.expands:
+        return [word], False  # single-quoted or escaped: its `$` is a character
     if word in ("$@", "$*"):
         joined = env.get("@", "")
         return (joined.split("\0") if joined else []), False
-    left = False
+    left = "$(" in word or "`" in word
 
     def value(match: re.Match[str]) -> str:
         nonlocal left
@@ -477,7 +467,10 @@ def _expand_one(word: str, env: Mapping[str, str]) -> tuple[list[str], bool]:
         left = True
         return match.group(0)
 
-    return [_SHELL_VARIABLE.sub(value, word)], left
+    expanded = _SHELL_VARIABLE.sub(value, word)
+    if isinstance(word, shellwords.ShellWord) and word.splits and not left:
+        return expanded.split(), False
+    return [expanded], left
 
 
 def _expanded(words: list[str], env: Mapping[str, str]) -> tuple[list[str], list[str]]:
@@ -489,22 +482,6 @@ def _expanded(words: list[str], env: Mapping[str, str]) -> tuple[list[str], list
         if unknown:
             left.append(word)
     return out, left
-
-
-def _shell_join(words: list[str]) -> str:
-    """Words back into a shell string: operators as they are, `$` words in double quotes (they still expand)."""
-    out: list[str] = []
-    for index, word in enumerate(words):
-        if word in _SHELL_OPERATORS or word in _REDIRECTS:
-            if word in _REDIRECTS and index and words[index - 1].isdigit() and out:
-                out[-1] += word  # 2>&1: the descriptor and its redirection are one word
-            else:
-                out.append(word)
-        elif "$" in word:
-            out.append('"' + re.sub(r'(["\\`])', r"\\\1", word) + '"')
-        else:
-            out.append(shlex.quote(word))
-    return " ".join(out)
 
 
 def _read_container(argv: list[str], at: _Reading) -> ServerLaunch | None:

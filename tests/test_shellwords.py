@@ -1,0 +1,117 @@
+"""Shell strings as the real shell reads them: backends.shellwords against /bin/sh (dash here, as on Debian and
+Ubuntu hosts) printing the words it got, and what a relaunch and the pre-launch gate make of `bash -c` launch
+commands that pass flags in a variable, quote a `$`, or redirect after a number (the real SGLang's parser)."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from backends import serving, shellwords
+from backends.runs import control as runctl
+from backends.runs.store import RunSpec
+from backends.sglang import launch
+
+ENV = {"FLAGS": "--tp 2  --port\t9000", "EMPTY": "", "NAME": "a b"}
+
+
+def shell_words(text: str, env: dict[str, str] | None = None) -> list[str]:
+    """The words /bin/sh gives a command whose arguments are `text`."""
+    done = subprocess.run(
+        ["sh", "-c", f"printf '%s\\0' {text}"],
+        capture_output=True,
+        env={"PATH": os.environ["PATH"], **(env or {})},
+        check=True,
+    )
+    return done.stdout.decode().split("\0")[:-1]
+
+
+# Pieces of words as users write them: plain, single- and double-quoted, escaped, parameters of ENV.
+plain = st.text(st.sampled_from("abz-_=./:,0189@%+"), min_size=1, max_size=6)
+quoted = st.text(st.characters(codec="utf-8", exclude_characters="\0'"), max_size=6).map(lambda t: f"'{t}'")
+double = st.text(st.characters(codec="utf-8", exclude_characters='\0"\\$`'), max_size=6).map(lambda t: f'"{t}"')
+escaped = st.sampled_from(["\\ ", "\\$", "\\'", '\\"', "\\\\", "\\;", "\\>"])
+parameter = st.sampled_from(["$FLAGS", "${NAME}", '"$NAME"', '"${FLAGS}"', "'$FLAGS'", '"$EMPTY"'])
+word = st.lists(st.one_of(plain, quoted, double, escaped), min_size=1, max_size=4).map("".join)
+text = st.lists(st.one_of(word, parameter), min_size=1, max_size=6).map(" ".join)
+
+
+@settings(max_examples=150, deadline=None)
+@given(text)
+def test_the_words_read_are_the_words_the_shell_passes(written: str) -> None:
+    words = shellwords.split(written)
+    expanded = [w for word in words for w in launch._expand_one(word, ENV)[0]]
+    assert expanded == shell_words(written, ENV)
+
+
+@settings(max_examples=150, deadline=None)
+@given(text, st.lists(st.text(st.characters(codec="utf-8", exclude_characters="\0"), max_size=8), max_size=4))
+def test_words_written_back_mean_what_they_meant_and_new_words_are_taken_literally(
+    written: str, new: list[str]
+) -> None:
+    """A relaunch's value (`$(rm -rf ~)`, `;`, a quote) is a word the shell passes as it is, never runs."""
+    words = shellwords.split(written)
+    assert shell_words(shellwords.join(words), ENV) == shell_words(written, ENV)
+    assert shell_words(shellwords.join([*words, *new]), ENV) == [*shell_words(written, ENV), *new]
+
+
+def test_operators_redirections_and_comments_are_read_as_the_shell_reads_them(tmp_path: Path) -> None:
+    written = "cd /srv && A='x;y' exec cmd --tp 2 > log 2>&1 # the rest\nnext ';' '>'"
+    words = shellwords.split(written)
+    assert [w.raw for w in words if shellwords.is_operator(w)] == ["&&", "\n"]
+    assert [w.raw for w in words if shellwords.is_redirect(w)] == [">", ">&"]
+    assert [str(w) for w in words][-2:] == [";", ">"]  # quoted: words, not an operator and a redirection
+    assert shellwords.join(words) == written.replace(" # the rest\n", " \n ")
+    # `2>&1` stays one redirection written back; `2 > log` keeps its 2 an argument.
+    script = "printf '%s\\n' --tp 2 > out 2>&1"
+    rebuilt = shellwords.join(shellwords.split(script))
+    subprocess.run(["sh", "-c", rebuilt], cwd=tmp_path, check=True)
+    assert (tmp_path / "out").read_text() == "--tp\n2\n"
+
+
+@pytest.mark.parametrize(
+    "broken", ["a 'open", 'a "open', "a \\", "a $(open", "a `open", "a ${open"], ids=lambda b: b.split()[1][:2]
+)
+def test_a_string_the_shell_cannot_read_is_refused(broken: str) -> None:
+    with pytest.raises(ValueError):
+        shellwords.split(broken)
+    assert launch.read(["bash", "-c", f"python -m sglang.launch_server {broken}"]) is None
+
+
+SERVE = "exec {python} -m sglang.launch_server"
+
+
+def test_flags_in_a_variable_are_read_split_and_stay_a_variable_through_a_relaunch() -> None:
+    argv = ["bash", "-c", 'python3 -m sglang.launch_server $FLAGS --api-key \'pa$$w\' "$NAME"']
+    found = launch.read(argv, ENV)
+    assert found is not None
+    assert found.flags == ("--tp", "2", "--port", "9000", "--api-key", "pa$$w", "a b")
+    assert found.unexpanded == ()  # a single-quoted `$` is a character, not a variable
+    edited = serving.edited(argv, ["--port=9001", "--served-model-name=$(touch x)"], [], ENV)
+    assert edited == [
+        "bash",
+        "-c",
+        "python3 -m sglang.launch_server $FLAGS --api-key 'pa$$w' \"$NAME\" --port 9001 "
+        "--served-model-name '$(touch x)'",
+    ]
+
+
+def test_the_gate_passes_flags_given_in_a_variable_or_before_a_redirection(sglang_python: Path) -> None:
+    """The real SGLang 0.5.23 parser: `$FLAGS` once reached it as one word and `--tp 2 > log` as `--tp`."""
+    server = SERVE.format(python=shlex.quote(str(sglang_python)))
+    for argv, env in (
+        (["sh", "-c", f"{server} $FLAGS --model-path /m"], {"FLAGS": "--tp-size 2 --port 30001"}),
+        (["sh", "-c", f"{server} --model-path /m --tp 2 > /tmp/server.log 2>&1"], {}),
+    ):
+        checked = runctl.gate(RunSpec(kind="serve", argv=argv, env=env), force=False)
+        assert checked["flags"] is None, checked
+    refused = ["sh", "-c", f"{server} $FLAGS"]  # the variable holds no --model-path: SGLang's own refusal
+    with pytest.raises(runctl.OpError) as said:
+        runctl.gate(RunSpec(kind="serve", argv=refused, env={"FLAGS": "--tp-size 2"}), force=False)
+    assert "the following arguments are required: --model-path" in said.value.message
