@@ -14,6 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from backends import serving, shellwords
+from backends.argv_edit import ArgvEditError
 from backends.runs import control as runctl
 from backends.runs.store import RunSpec
 from backends.sglang import launch
@@ -88,7 +89,7 @@ SERVE = "exec {python} -m sglang.launch_server"
 
 
 def test_flags_in_a_variable_are_read_split_and_stay_a_variable_through_a_relaunch() -> None:
-    argv = ["bash", "-c", 'python3 -m sglang.launch_server $FLAGS --api-key \'pa$$w\' "$NAME"']
+    argv = ["bash", "-c", "python3 -m sglang.launch_server $FLAGS --api-key 'pa$$w' \"$NAME\""]
     found = launch.read(argv, ENV)
     assert found is not None
     assert found.flags == ("--tp", "2", "--port", "9000", "--api-key", "pa$$w", "a b")
@@ -100,6 +101,17 @@ def test_flags_in_a_variable_are_read_split_and_stay_a_variable_through_a_relaun
         "python3 -m sglang.launch_server $FLAGS --api-key 'pa$$w' \"$NAME\" --port 9001 "
         "--served-model-name '$(touch x)'",
     ]
+
+
+def test_a_flag_a_variable_gives_cannot_be_unset_and_says_where_it_is() -> None:
+    argv = ["bash", "-c", "python3 -m sglang.launch_server --model-path /m $FLAGS"]
+    with pytest.raises(ArgvEditError) as said:
+        serving.edited(argv, [], ["--tp"], ENV)
+    assert str(said.value) == (
+        "--tp is given by $FLAGS in the command line, which cannot be edited here; remove it there, or launch the "
+        "server anew"
+    )
+    assert serving.edited(argv, [], ["--model-path"], ENV) == ["bash", "-c", "python3 -m sglang.launch_server $FLAGS"]
 
 
 def test_the_gate_passes_flags_given_in_a_variable_or_before_a_redirection(sglang_python: Path) -> None:

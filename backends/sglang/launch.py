@@ -30,7 +30,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path, PurePosixPath
 
 from backends import shellwords
-from backends.argv_edit import edit_argv, flag_value
+from backends.argv_edit import ArgvEditError, edit_argv, flag_value
 from backends.sglang import facts
 
 MODULE = "python -m sglang.launch_server"
@@ -146,7 +146,18 @@ class ServerLaunch:
         not one)."""
         if self.flags is None or self.rebuild is None or {"$@", "$*"} & set(self.raw_flags):
             return None  # flags passed through a shell's "$@" are the command line's own words: edited there
+        written = [word.raw for word in self.raw_flags if isinstance(word, shellwords.ShellWord) and word.expands]
+        for flag in unsets:
+            if _given(self.flags, flag) and not _given(self.raw_flags, flag):
+                raise ArgvEditError(
+                    f"{flag} is given by {', '.join(written)} in the command line, which cannot be edited here; "
+                    "remove it there, or launch the server anew"
+                )
         return self.rebuild(edit_argv(["", *self.raw_flags], sets, unsets)[1:])
+
+
+def _given(flags: Sequence[str], flag: str) -> bool:
+    return any(word == flag or word.startswith(flag + "=") for word in flags)
 
 
 def read(
