@@ -351,3 +351,94 @@ def test_a_launch_answers_with_its_running_child_and_records_what_was_launched_m
         "gpus": [1],
         "parent": None,
     }
+
+
+# --- relaunch: what it edits, where, and what it refuses -------------------------------------------------------
+
+
+def test_a_relaunch_with_flags_that_are_not_flags_is_refused_in_one_line_and_starts_nothing(workdir: Path) -> None:
+    store = RunStore(workdir)
+    parent = launched(store, [sys.executable, "-c", "pass"])
+    for sets, said in (
+        ([3], "flags to set or unset must be strings"),
+        (["disable-cuda-graph"], "'disable-cuda-graph' is not a flag; write it like --disable-cuda-graph"),
+    ):
+        with pytest.raises(runctl.OpError) as refused:
+            runctl.relaunch(store, parent.id, sets, [], grace=0)  # type: ignore[arg-type]  # as a client may send
+        assert (refused.value.code, refused.value.message) == ("bad_args", said)
+    assert store.ids() == [parent.id]
+
+
+SERVER = "exec python3 -m sglang.launch_server --model-path /m --port 30000 > server.log 2>&1"
+
+
+def test_a_relaunch_edits_a_servers_flags_inside_its_shell_string_and_a_commands_on_its_own_words(
+    workdir: Path,
+) -> None:
+    """Dry runs: the copy's command line as it would start (the gate forced: no SGLang here)."""
+    store = RunStore(workdir)
+    serve = store.get(runctl.launch(store, RunSpec(kind="serve", argv=["sh", "-c", SERVER]))["run"])
+    preview = runctl.relaunch(store, serve.id, ["--port=30001"], [], grace=0, force=True, dry_run=True)
+    assert preview["argv"] == ["sh", "-c", SERVER.replace("30000", "30001")]
+    assert set(preview) == {"parent", "would_stop", "argv", "flags", "doctor"} and preview["doctor"] is None
+    command = launched(store, [sys.executable, "-c", "pass", "--port", "1"])
+    preview = runctl.relaunch(store, command.id, ["--port=2"], [], grace=0, dry_run=True)
+    assert preview["argv"] == [sys.executable, "-c", "pass", "--port", "2"]
+
+
+def test_a_relaunch_is_a_new_launch_of_its_own_and_checked_as_one(workdir: Path, tmp_path: Path) -> None:
+    """Its own time and launch id; and the pre-launch gate refuses it unless forced, as it would a launch (doctor on
+    a real draft whose fc was trained on one layer's features)."""
+    store = RunStore(workdir)
+    parent = launched(store, [sys.executable, "-c", "pass"])
+    wait_for(parent.exit, 20, "the parent's exit")
+    copy_ = store.get(runctl.relaunch(store, parent.id, [], [], grace=0, launch_id="L-7")["run"])
+    assert copy_.spec().launch_id == "L-7" and copy_.spec().created_at > parent.spec().created_at
+    target = write_target(tmp_path / "target")
+    draft = good_draft(tmp_path / "draft", fc_in=HIDDEN)
+    argv = [sys.executable, "-c", "pass", "--model-path", str(target), "--speculative-draft-model-path", str(draft)]
+    serve = store.get(
+        runctl.launch(store, RunSpec(kind="serve", argv=argv), runctl.gate(RunSpec("serve", argv), True))["run"]
+    )
+    with pytest.raises(runctl.OpError) as refused:
+        runctl.relaunch(store, serve.id, [], [], grace=0)
+    assert refused.value.code == "doctor_refused"
+    assert (
+        runctl.relaunch(store, serve.id, [], [], grace=0, force=True, dry_run=True)["doctor"] == refused.value.details
+    )
+
+
+def test_a_gpu_process_that_left_the_runs_group_is_still_the_runs_by_its_parent_chain(workdir: Path) -> None:
+    starter = (
+        "import subprocess; p = subprocess.Popen(['sleep', '60'], start_new_session=True); "
+        "print(p.pid, flush=True); p.wait()"
+    )
+    run = launched(RunStore(workdir), [sys.executable, "-c", starter])
+    own = int(wait_for(lambda: run.file("output.log").read_text().strip(), 20, "the pid it started"))
+    child = wait_for(run.child, 20, "the child")
+    assert procinfo.read_stat(own).pgid != child.pid  # type: ignore[union-attr]  # only its parents lead to the run
+    assert runctl.owner_of(own, {child.pid: run.id}) == run.id
+    os.kill(own, signal.SIGKILL)
+
+
+def test_stacks_on_request_are_recorded_with_their_file_and_processes_and_a_dump_is_read_whatever_its_bytes(
+    workdir: Path,
+) -> None:
+    store = RunStore(workdir)
+    run = launched(store, SLEEP)
+    child = wait_for(run.child, 20, "the child")
+    dumped = runctl.stacks(run, now=True)
+    [event] = [e for e in run.events() if e["type"] == "stacks"]
+    assert (event["file"], event["pids"]) == (dumped["file"], [child.pid])
+    runctl.kill(run, "KILL", 0)
+    wait_for(run.exit, 20, "exit.json")
+    # A dump of bytes that are no UTF-8 (a frame's string of a binary's): shown with replacement characters.
+    older = run.file(dumped["file"])
+    newer = older.with_name("zz-later.txt")
+    newer.write_bytes(b"Thread 1 \xff\xfe frame\n")
+    os.utime(newer, (1_700_000_000, 1_700_000_000))
+    assert runctl.stacks(run, now=False) == {
+        "file": "stacks/zz-later.txt",
+        "text": "Thread 1 \ufffd\ufffd frame\n",
+        "taken_at": 1_700_000_000.0,
+    }
