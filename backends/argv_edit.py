@@ -7,6 +7,10 @@ matches launchers such as SGLang's, whose arguments are all flags.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
+from backends import shellwords
+
 
 class ArgvEditError(ValueError):
     pass
@@ -84,6 +88,37 @@ def parse_set(item: str) -> tuple[str, str | None]:
 
 
 def edit_argv(argv: list[str], sets: list[str], unsets: list[str]) -> list[str]:
+    """argv with `sets` set and `unsets` removed. A shell's command string (`sh -c 'cd /w && python train.py --lr
+    1; echo done'`) is edited inside, its other words kept as written: on the last of its commands that has one of
+    the flags, else on its last command that is no shell chore (`cd`, `echo`...); unless the string hands the
+    command line's own words on ("$@"): those are edited."""
+    at = shellwords.command_string(argv)
+    if at is None:
+        return _edit_words(argv, sets, unsets)
+    try:
+        words = shellwords.split(argv[at])
+    except ValueError as exc:
+        raise ArgvEditError(f"the command's shell string cannot be read ({exc}); edit it by hand") from None
+    commands = shellwords.simple_commands(words)
+    if {"$@", "$*"} & set(words) or not commands:
+        return _edit_words(argv, sets, unsets)
+    begin, end = _target([words[b:e] for b, e in commands], [parse_set(i)[0] for i in sets] + unsets, commands)
+    command, redirects = shellwords.without_redirects(words[begin:end])
+    text = shellwords.join([*words[:begin], *_edit_words(list(command), sets, unsets), *redirects, *words[end:]])
+    return [*argv[:at], text, *argv[at + 1 :]]
+
+
+# What a shell string runs around its command (`cd /w && python train.py ...; echo done`), never what takes flags.
+_CHORES = frozenset({"cd", "echo", "printf", "export", "source", ".", "set", "unset", "true", ":", "sleep", "wait"})
+
+
+def _target(commands: Sequence[Sequence[str]], flags: list[str], spans: list[tuple[int, int]]) -> tuple[int, int]:
+    with_flag = [i for i, words in enumerate(commands) if any(_find(list(words), flag) for flag in flags)]
+    chores = [i for i, words in enumerate(commands) if words[0] not in _CHORES]
+    return spans[(with_flag or chores or [len(commands) - 1])[-1]]
+
+
+def _edit_words(argv: list[str], sets: list[str], unsets: list[str]) -> list[str]:
     for flag in unsets:
         argv = unset_flag(argv, flag)
     for item in sets:

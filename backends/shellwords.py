@@ -13,7 +13,9 @@ from __future__ import annotations
 import re
 import shlex
 from collections.abc import Sequence
+from pathlib import PurePath
 
+SHELLS = frozenset({"bash", "sh", "dash", "zsh", "ksh"})
 # What ends one simple command and begins the next.
 OPERATORS = frozenset({"&&", "||", ";", "|", "|&", "&", ";;", "(", ")"})
 REDIRECTS = frozenset({">", ">>", "<", ">&", "<&", "&>", "&>>", ">|", "<<", "<<<"})
@@ -162,6 +164,47 @@ def _substitution_end(text: str, index: int) -> int:
         raise ValueError(f"no closing {closer!r}")
     name = re.match(r"\w+|[@*#?$!0-9-]", text[index + 1 :])
     return index + 1 + (len(name[0]) if name else 0)
+
+
+def command_string(argv: Sequence[str]) -> int | None:
+    """Where the command string of `sh -c STRING [NAME ARGS...]` stands in argv (`bash -lc` too); None when argv
+    runs no shell string (`bash script.sh` runs a script)."""
+    if not argv or PurePath(argv[0]).name not in SHELLS:
+        return None
+    index = next(
+        (i for i, w in enumerate(argv[1:], 1) if w.startswith("-") and not w.startswith("--") and "c" in w), None
+    )
+    return index + 1 if index is not None and index + 1 < len(argv) else None
+
+
+def simple_commands(words: Sequence[str]) -> list[tuple[int, int]]:
+    """The (start, end) of each simple command of a string's words, between its operators."""
+    found, start = [], 0
+    for index, word in enumerate(words):
+        if is_operator(word):
+            if index > start:
+                found.append((start, index))
+            start = index + 1
+    if start < len(words):
+        found.append((start, len(words)))
+    return found
+
+
+def without_redirects(words: Sequence[ShellWord]) -> tuple[list[ShellWord], list[ShellWord]]:
+    """A simple command's words less its redirections (`> log`, `2>&1`: a descriptor only when written against its
+    redirection; `--tp 2 > log` keeps its 2), and those."""
+    kept: list[ShellWord] = []
+    redirects: list[ShellWord] = []
+    skip = False
+    for index, word in enumerate(words):
+        after = words[index + 1] if index + 1 < len(words) else None
+        descriptor = word.isdigit() and after is not None and is_redirect(after) and after.glued_to is word
+        if skip or is_redirect(word) or descriptor:
+            redirects.append(word)
+            skip = is_redirect(word)
+            continue
+        kept.append(word)
+    return kept, redirects
 
 
 def is_operator(word: str) -> bool:

@@ -4,9 +4,11 @@ commands that pass flags in a variable, quote a `$`, or redirect after a number 
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -14,10 +16,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from backends import serving, shellwords
-from backends.argv_edit import ArgvEditError
+from backends.argv_edit import ArgvEditError, edit_argv
 from backends.runs import control as runctl
 from backends.runs.store import RunSpec
 from backends.sglang import launch
+from tests.conftest import CLI, wait_for
+from tests.conftest import launch as launch_run
 
 ENV = {"FLAGS": "--tp 2  --port\t9000", "EMPTY": "", "NAME": "a b"}
 
@@ -127,3 +131,52 @@ def test_the_gate_passes_flags_given_in_a_variable_or_before_a_redirection(sglan
     with pytest.raises(runctl.OpError) as said:
         runctl.gate(RunSpec(kind="serve", argv=refused, env={"FLAGS": "--tp-size 2"}), force=False)
     assert "the following arguments are required: --model-path" in said.value.message
+
+
+def test_a_relaunch_of_a_shell_string_command_edits_the_command_that_takes_the_flags(cli: CLI, tmp_path: Path) -> None:
+    """Real: the CLI, the agent, the supervisor, sh. A relaunch's flags once went after the string, as the
+    shell's $0 and $1, and the relaunched command ran unchanged."""
+    show = "import sys; print(*sys.argv[1:])"
+    python = f"{shlex.quote(sys.executable)} -c {shlex.quote(show)}"
+    string = f"cd {shlex.quote(str(tmp_path))} && {python} --lr 1 > out; echo done"
+    parent = launch_run(cli, "command", "--name", "sweep", "--", "sh", "-c", string)
+    wait_for(lambda: (tmp_path / "out").read_text() == "--lr 1\n", what="the first run's flags")
+    done = cli("relaunch", "sweep", "--set", "--lr=2", "--set", "--note=$(touch pwned)", "--json")
+    assert done.returncode == 0, done.stderr
+    wait_for(lambda: (tmp_path / "out").read_text() == "--lr 2 --note $(touch pwned)\n", what="the copy's flags")
+    assert not (tmp_path / "pwned").exists() and json.loads(done.stdout)["parent"] == parent
+
+
+@pytest.mark.parametrize(
+    ("argv", "sets", "edited"),
+    [
+        pytest.param(
+            ["bash", "-lc", "python t.py --lr 1; echo done"],
+            ["--x"],
+            ["bash", "-lc", "python t.py --lr 1 --x ; echo done"],
+            id="new-flag-to-the-command-not-the-chore",
+        ),
+        pytest.param(
+            ["sh", "-c", "echo start; python a.py --lr 1; python b.py"],
+            ["--lr=2"],
+            ["sh", "-c", "echo start; python a.py --lr 2 ; python b.py"],
+            id="the-command-with-the-flag",
+        ),
+        pytest.param(
+            ["sh", "-c", 'exec python t.py "$@"', "sh", "--lr", "1"],
+            ["--lr=2"],
+            ["sh", "-c", 'exec python t.py "$@"', "sh", "--lr", "2"],
+            id="the-words-handed-on",
+        ),
+    ],
+)
+def test_a_shell_strings_flags_are_edited_on_the_command_that_takes_them(
+    argv: list[str], sets: list[str], edited: list[str]
+) -> None:
+    assert edit_argv(argv, sets, []) == edited
+
+
+def test_a_shell_string_that_cannot_be_read_cannot_be_edited_and_says_so() -> None:
+    with pytest.raises(ArgvEditError) as said:
+        edit_argv(["sh", "-c", "python t.py 'open"], ["--lr=2"], [])
+    assert str(said.value) == "the command's shell string cannot be read (no closing quotation); edit it by hand"

@@ -49,7 +49,6 @@ LOOPBACK = "127.0.0.1"
 
 _PYTHON_NAME = re.compile(r"python[0-9.]*")
 _PYTHON_VALUE_OPTIONS = frozenset({"-W", "-X"})  # python's options that take the next word as their value
-SHELLS = frozenset({"bash", "sh", "dash", "zsh", "ksh"})
 CONTAINER_RUNTIMES = frozenset({"docker", "podman"})
 # Prefixes that run the command after their own options, and those options of theirs that take a value.
 PREFIXES: Mapping[str, frozenset[str]] = {
@@ -216,7 +215,7 @@ def _read(argv: list[str], at: _Reading) -> ServerLaunch | None:
     name = Path(argv[0]).name
     if name == "env":
         return _read_env(argv, at)
-    if name in SHELLS:
+    if name in shellwords.SHELLS:
         return _read_shell(argv, at)
     if name in PREFIXES:
         start = _after_prefix(name, argv)
@@ -392,15 +391,13 @@ def _after_prefix(name: str, argv: list[str]) -> int:
 
 
 def _read_shell(argv: list[str], at: _Reading) -> ServerLaunch | None:
-    index = next(
-        (i for i, w in enumerate(argv[1:], 1) if w.startswith("-") and not w.startswith("--") and "c" in w), None
-    )
-    if index is None or index + 1 >= len(argv):
+    at_string = shellwords.command_string(argv)
+    if at_string is None:
         return None  # `bash script.sh`: a wrapper script
-    text, positional = argv[index + 1], argv[index + 3 :]
+    text, positional = argv[at_string], argv[at_string + 2 :]
     shell = f"{Path(argv[0]).name} -c"
     words = shellwords.split(text)
-    segments = _segments(words)
+    segments = shellwords.simple_commands(words)
     for start, end in reversed(segments):
         env_here, own_here = dict(at.env), dict(at.own)
         begin = start
@@ -410,52 +407,25 @@ def _read_shell(argv: list[str], at: _Reading) -> ServerLaunch | None:
                 expanded = _expand_one(value, env_here)[0] if words[begin].expands else [value]
                 env_here[key] = own_here[key] = " ".join(expanded)
             begin += 1
-        command, redirects = _without_redirects(words[begin:end])
+        command, redirects = shellwords.without_redirects(words[begin:end])
         env_here["@"] = "\0".join(positional)
 
-        def rebuilt(new: list[str], begin: int = begin, end: int = end, redirects: list[str] = redirects) -> list[str]:
+        def rebuilt(
+            new: list[str], begin: int = begin, end: int = end, redirects: Sequence[str] = tuple(redirects)
+        ) -> list[str]:
             # A redirection means the same anywhere in its command: it is written after the flags.
             text = shellwords.join([*words[:begin], *new, *redirects, *words[end:]])
-            return at.rebuild([*argv[: index + 1], text, *argv[index + 2 :]])
+            return at.rebuild([*argv[:at_string], text, *argv[at_string + 1 :]])
 
-        found = _read(command, replace(at, via=(*at.via, shell), env=env_here, own=own_here, rebuild=rebuilt))
+        found = _read(list(command), replace(at, via=(*at.via, shell), env=env_here, own=own_here, rebuild=rebuilt))
         if found is not None:
             return found
     return None
 
 
-def _segments(words: Sequence[str]) -> list[tuple[int, int]]:
-    found, start = [], 0
-    for index, word in enumerate(words):
-        if shellwords.is_operator(word):
-            if index > start:
-                found.append((start, index))
-            start = index + 1
-    if start < len(words):
-        found.append((start, len(words)))
-    return found
-
-
 def _assignment(word: str) -> bool:
     key, sep, _ = word.partition("=")
     return bool(sep) and key.isidentifier()
-
-
-def _without_redirects(words: list[shellwords.ShellWord]) -> tuple[list[str], list[str]]:
-    """A simple command's words less its redirections (`> log`, `2>&1`: a descriptor only when written against its
-    redirection; `--tp 2 > log` keeps its 2), and those."""
-    kept: list[str] = []
-    redirects: list[str] = []
-    skip = False
-    for index, word in enumerate(words):
-        after = words[index + 1] if index + 1 < len(words) else None
-        descriptor = word.isdigit() and after is not None and shellwords.is_redirect(after) and after.glued_to is word
-        if skip or shellwords.is_redirect(word) or descriptor:
-            redirects.append(word)
-            skip = shellwords.is_redirect(word)
-            continue
-        kept.append(word)
-    return kept, redirects
 
 
 def _expand_one(word: str, env: Mapping[str, str]) -> tuple[list[str], bool]:
