@@ -2,6 +2,7 @@
 
     bash benchmarks/mutation.sh [MODULE ...] [--sample N] [--without-kill-tests] [--workdir DIR] [--max-children 2]
     bash benchmarks/mutation.sh [MODULE ...] --again     # the last run's survivors, against the kill tests since
+    bash benchmarks/mutation.sh MODULE --resume          # the rest of a run that was stopped (a session's end)
     bash benchmarks/mutation.sh --table [--again]        # the last table
 
 Run by hand, never in CI: on 2 cores a full run takes long (the sh wrapper runs it under `nice -n 19` and
@@ -21,7 +22,9 @@ whole run of the slow modules (store: 1005 mutants, control: 746) takes hours. T
 its functions in console/actions.py (kill, kill_job, relaunch, relaunch_nodes, job_nodes, free_gpus ...) and the
 job gathering they use in console/fleet/jobs.py, not the launch code beside them. `--without-kill-tests` leaves
 tests/test_mutation_kills_*.py out, for the score before them; `--again` runs the survivors of the last run again
-with them (killed mutants stay killed: adding tests cannot revive one).
+with them (killed mutants stay killed: adding tests cannot revive one). `--resume` runs the mutants a stopped run
+left undecided, in its copy of the code as it was, every result kept (mutmut itself goes on where it stopped); the
+table's `run` column counts the decided ones.
 
 Two runs of different modules may go side by side (on 2 cores, `--max-children 1` each): mutmut's passes over
 all of a module's tests before its first mutant (stats, then clean) run one test at a time and leave a core idle
@@ -287,11 +290,15 @@ def again(work: Path, target: Target) -> list[str]:
     return [name for codes in results_of(work, target).values() for name, code in codes.items() if code in LEFT]
 
 
-def run_module(name: str, root: Path, max_children: int, rerun: bool, sample: int) -> list[dict[str, Any]]:
+def run_module(
+    name: str, root: Path, max_children: int, rerun: bool, sample: int, resume: bool = False
+) -> list[dict[str, Any]]:
     target = TARGETS[name]
     work = root / name
-    names = again(work, target) if rerun else []
-    if not rerun:
+    names = again(work, target) if rerun or resume else []
+    if resume:
+        names = []  # mutmut run with no names runs the undecided ones
+    elif not rerun:
         prepare(work, target)
     elif not names:
         print(f"== {name}: no survivors to run again", flush=True)
@@ -307,18 +314,22 @@ def run_module(name: str, root: Path, max_children: int, rerun: bool, sample: in
         "PYTHONPATH": os.pathsep.join([str(SITE), str(work / "mutants")]),
     }
     env.pop("MUTANT_UNDER_TEST", None)
-    if rerun:
+    if rerun or resume:
         env["MUTATION_KEEP_RESULTS"] = "1"  # the killed stay killed: only the new tests' stats are gathered
     print(f"== {name}: {', '.join(target.files)} against {' '.join(target.test_args(work))}", flush=True)
     started = time.monotonic()
     log = work / "mutmut.log"
-    if (sample > 1 or target.functions) and not rerun:
+    if (sample > 1 or target.functions) and not rerun and not resume:
         mutmut(work, ["generate"], env, log)
         names = [
             n for codes in results_of(work, target).values() for n in codes if zlib.crc32(n.encode()) % sample == 0
         ]
     try:
-        rc = 0 if rerun and not names else mutmut(work, ["run", f"--max-children={max_children}", *names], env, log)
+        rc = (
+            0
+            if rerun and not resume and not names
+            else mutmut(work, ["run", f"--max-children={max_children}", *names], env, log)
+        )
     finally:
         left = kill_leftovers(tag)
     seconds = time.monotonic() - started
@@ -354,6 +365,7 @@ def main() -> None:
     parser.add_argument(
         "--without-kill-tests", action="store_true", help="leave tests/test_mutation_kills_*.py out: the score before"
     )
+    parser.add_argument("--resume", action="store_true", help="run what a stopped run left undecided, its results kept")
     parser.add_argument("--table", action="store_true", help="print the last run's table (with --again: its again)")
     parser.add_argument(
         "--again",
@@ -375,7 +387,7 @@ def main() -> None:
 
     started = time.monotonic()
     for name in [] if args.table else modules:
-        rows = run_module(name, root, args.max_children, args.again, args.sample)
+        rows = run_module(name, root, args.max_children, args.again, args.sample, args.resume)
         # read again as it is written: a run of other modules beside this one writes its rows meanwhile
         table_file.write_text(json.dumps({**table(), **{each["module"]: each for each in rows}}, indent=1))
     if not args.table:
