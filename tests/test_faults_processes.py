@@ -105,6 +105,18 @@ def test_kill_and_relaunch_of_a_finished_run_never_hit_the_group_that_recycled_i
     ended(store.get(relaunched["run"]))
 
 
+def test_a_kill_with_no_grace_reports_every_process_dead_once_it_is(workdir: Path) -> None:
+    """SIGKILL is never refused, but a killed orphan stays in /proc until its reaper gets to it: the report waited
+    for none and said `died: false` of one process in five here."""
+    store = RunStore(workdir)
+    for _ in range(8):
+        run = launch(store, ["sh", "-c", "sleep 60 & sleep 60 & sleep 60 & wait"])
+        wait_for(lambda: len(run.processes()) == 4, 20, "the shell and its three sleeps")  # noqa: B023
+        report = runctl.kill(run, "KILL", 0)
+        assert [(p["signals"], p["died"]) for p in report["processes"]] == [(["KILL"], True)] * 4
+        assert report["state"] == "killed" and not report["escalated"]
+
+
 def test_a_pid_recycled_within_the_child_s_clock_tick_is_never_taken_for_the_ended_run(workdir: Path) -> None:
     """/proc's start time counts clock ticks (10 ms): a pid reused within the child's tick matches its
     recorded pid, start time and boot id. The exit record (written after the child is reaped) rules it out.
