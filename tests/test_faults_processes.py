@@ -107,13 +107,15 @@ def test_kill_and_relaunch_of_a_finished_run_never_hit_the_group_that_recycled_i
 
 def test_a_kill_with_no_grace_reports_every_process_dead_once_it_is(workdir: Path) -> None:
     """SIGKILL is never refused, but a killed orphan stays in /proc until its reaper gets to it: the report waited
-    for none and said `died: false` of one process in five here."""
+    for none and said `died: false` of a process in one run of three here."""
     store = RunStore(workdir)
-    for _ in range(8):
+    for _ in range(16):
         run = launch(store, ["sh", "-c", "sleep 60 & sleep 60 & sleep 60 & wait"])
         wait_for(lambda: len(run.processes()) == 4, 20, "the shell and its three sleeps")  # noqa: B023
         report = runctl.kill(run, "KILL", 0)
-        assert [(p["signals"], p["died"]) for p in report["processes"]] == [(["KILL"], True)] * 4
+        # The shell may end on its own first (its `wait` returns once its sleeps are killed): not signalled, dead.
+        assert [p["died"] for p in report["processes"]] == [True] * 4
+        assert all(p["signals"] in ([], ["KILL"]) for p in report["processes"])
         assert report["state"] == "killed" and not report["escalated"]
 
 
