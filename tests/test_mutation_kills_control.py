@@ -13,7 +13,9 @@ import json
 import os
 import shutil
 import signal
+import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -442,3 +444,51 @@ def test_stacks_on_request_are_recorded_with_their_file_and_processes_and_a_dump
         "text": "Thread 1 \ufffd\ufffd frame\n",
         "taken_at": 1_700_000_000.0,
     }
+
+
+# --- what a kill reports ----------------------------------------------------------------------------------------
+
+
+def test_a_kill_reports_the_runs_final_state_as_its_supervisor_records_it(workdir: Path) -> None:
+    """The supervisor writes exit.json a moment after its child dies: the report waits for it, or it would say
+    the run is still running."""
+    store = RunStore(workdir)
+    for signal_name in ("TERM", "KILL", "INT"):
+        run = launched(store, SLEEP)
+        wait_for(run.child, 20, "the child")
+        report = runctl.kill(run, signal_name, 10)
+        assert report["state"] == "killed" and run.exit() is not None, signal_name
+
+
+def test_a_kill_of_a_lost_run_never_waits_for_a_record_no_one_will_write(
+    workdir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its supervisor killed at once: its child lives on, and nobody will write exit.json."""
+    monkeypatch.setattr(runctl, "EXIT_RECORD_WAIT_S", 60.0)
+    run = launched(RunStore(workdir), SLEEP)
+    wait_for(run.child, 20, "the child")
+    supervisor = run.supervisor()
+    assert supervisor is not None
+    os.kill(supervisor.pid, signal.SIGKILL)
+    wait_for(lambda: not procinfo.is_alive(supervisor), 20, "the supervisor gone")
+    started = time.monotonic()
+    report = runctl.kill(run, "KILL", 0)
+    assert time.monotonic() - started < 30  # not the 60 s a record would be waited for
+    assert [p["died"] for p in report["processes"]] == [True] and run.exit() is None
+
+
+def test_a_process_older_than_the_run_is_never_told_as_a_writer_of_its_log(workdir: Path, tmp_path: Path) -> None:
+    """A process started before the run, whose output goes to the file the run's output.log now is (a hard link
+    put in its place): the run cannot have started it, so a kill says nothing of it."""
+    elsewhere = tmp_path / "elsewhere.log"
+    with elsewhere.open("ab") as out:
+        older = subprocess.Popen(["sleep", "60"], stdout=out)
+    try:
+        run = launched(RunStore(workdir), SLEEP)
+        wait_for(run.child, 20, "the child")
+        os.link(elsewhere, tmp_path / "linked.log")
+        os.replace(tmp_path / "linked.log", run.file("output.log"))
+        assert runctl.kill(run, "KILL", 0)["refused"] == []
+    finally:
+        older.kill()
+        older.wait()
