@@ -88,9 +88,7 @@ def _word(text: str, start: int, glued_to: ShellWord | None) -> tuple[ShellWord,
         if char == "\\":
             if index + 1 >= len(text):
                 raise ValueError("a backslash ends the string")
-            if text[index + 1] != "\n":  # a backslash-newline continues the line
-                value.append(text[index + 1])
-            index += 2
+            index = _escaped(text, index, value)
         elif char == "'":
             end = text.find("'", index + 1)
             if end < 0:
@@ -101,10 +99,8 @@ def _word(text: str, start: int, glued_to: ShellWord | None) -> tuple[ShellWord,
             index, inside = _double_quoted(text, index + 1, value)
             expands = expands or inside
         elif char in "$`":
-            end = _substitution_end(text, index)
-            expands = expands or end > index + 1 or char == "`"
-            value.append(text[index:end])
-            index = end
+            index, inside = _substitution(text, index, value)
+            expands = expands or inside
         else:
             value.append(char)
             index += 1
@@ -120,18 +116,30 @@ def _double_quoted(text: str, index: int, value: list[str]) -> tuple[int, bool]:
         if char == '"':
             return index + 1, expands
         if char == "\\" and index + 1 < len(text) and text[index + 1] in '$`"\\\n':
-            if text[index + 1] != "\n":
-                value.append(text[index + 1])
-            index += 2
+            index = _escaped(text, index, value)
         elif char in "$`":
-            end = _substitution_end(text, index)
-            expands = expands or end > index + 1 or char == "`"
-            value.append(text[index:end])
-            index = end
+            index, inside = _substitution(text, index, value)
+            expands = expands or inside
         else:
             value.append(char)
             index += 1
     raise ValueError("no closing quotation")
+
+
+def _escaped(text: str, index: int, value: list[str]) -> int:
+    """Appends the character the backslash at `index` escapes (none for a newline: the line goes on); the index
+    after it."""
+    if text[index + 1] != "\n":
+        value.append(text[index + 1])
+    return index + 2
+
+
+def _substitution(text: str, index: int, value: list[str]) -> tuple[int, bool]:
+    """Appends the `$...` or backquoted part at `index` to `value` as written; the index after it, and whether it
+    expands (a lone `$` is a character)."""
+    end = _substitution_end(text, index)
+    value.append(text[index:end])
+    return end, end > index + 1 or text[index] == "`"
 
 
 def _substitution_end(text: str, index: int) -> int:
