@@ -17,6 +17,7 @@ from backends import serving
 from backends.argv_edit import edit_argv, flag_value
 from backends.runs.store import RunDir
 from backends.sglang import launch
+from backends.sglang.flags import unchecked_why
 from console import render
 from console.tui.panels import RunFacts, detail_text
 from console.tui.timeline import timeline
@@ -60,6 +61,10 @@ def shapes(sglang: str) -> dict[str, tuple[list[str], str | None]]:
         "taskset": (["taskset", "-c", "0-7", *serve], "/opt/venv/bin/python3"),
         "nice": (["nice", "-n", "5", *module], "python3"),
         "wrapper -m": (["/opt/bin/with-cuda.sh", "-m", "sglang.launch_server", *FLAGS], None),
+        # An environment manager's Python is its environment's: not known from the host.
+        "uv run": (["uv", "run", "--with", "sglang[all]", "--", "python", "-m", "sglang.launch_server", *FLAGS], None),
+        "conda run": (["conda", "run", "-n", "serve", "--no-capture-output", *serve], None),
+        "pixi run": (["pixi", "run", "-e", "cuda", *module], None),
         "docker run": (
             [
                 "docker",
@@ -102,6 +107,19 @@ def test_each_shape_gives_the_flags_interpreter_health_metrics_and_draft(shape: 
     assert served is not None and served.draft == Path("/m/draft")
     assert served.python == python
     assert (served.unknown_python is None) == (python is not None)
+
+
+def test_a_launch_behind_an_environment_manager_says_which_python_to_name() -> None:
+    found = launch.read(["conda", "run", "-n", "serve", "python", "-m", "sglang.launch_server", *FLAGS])
+    assert found is not None and found.describe() == "python -m sglang.launch_server via conda run"
+    assert unchecked_why(found) == (
+        "the Python that runs SGLang is not known: conda run runs SGLang with its environment's Python",
+        "give --sglang-python PATH, that environment's Python (`python -c 'import sys; print(sys.executable)'` run "
+        "by conda run prints it)",
+    )
+    # `conda list` is no launch; an option the reader does not know leaves a command it cannot read
+    assert launch.read(["conda", "list", "python"]) is None
+    assert launch.read(["uv", "run", "--unknown-option", "value", "python", "-m", "sglang.launch_server"]) is None
 
 
 def test_a_console_script_found_on_path_gives_its_interpreter(tmp_path: Path) -> None:

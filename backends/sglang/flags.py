@@ -34,7 +34,7 @@ from backends.fileio import atomic_write_json
 from backends.masking import mask_text
 from backends.protocol import Finding, RelaunchPresetsResult
 from backends.sglang import facts, warm_parser
-from backends.sglang.launch import SGLANG_PYTHON_FLAG, ServerLaunch
+from backends.sglang.launch import SGLANG_PYTHON_FLAG, ServerLaunch, manager
 
 CHECK_TIMEOUT_S = 60.0
 CACHE_ENTRIES = 64
@@ -219,6 +219,8 @@ def python_unknown_why(found: ServerLaunch) -> str:
     """Why the interpreter that runs SGLang cannot be known from the command line."""
     if found.container is not None:
         return f"SGLang runs inside the container ({found.container.image})"
+    if (env_manager := manager(found.via)) is not None:
+        return f"{env_manager} runs SGLang with its environment's Python"
     return f"{found.describe()} runs SGLang through a wrapper"
 
 
@@ -226,6 +228,9 @@ def python_fix(found: ServerLaunch) -> str:
     """What the user gives to have SGLang checked from the host."""
     if found.container is not None:
         return f"give {SGLANG_PYTHON_FLAG} PATH, a host Python with the image's SGLang, to check from the host"
+    if (env_manager := manager(found.via)) is not None:
+        printed = "python -c 'import sys; print(sys.executable)'"
+        return f"give {SGLANG_PYTHON_FLAG} PATH, that environment's Python (`{printed}` run by {env_manager} prints it)"
     return f"give {SGLANG_PYTHON_FLAG} PATH, the Python the wrapper runs"
 
 

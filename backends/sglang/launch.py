@@ -60,6 +60,21 @@ PREFIXES: Mapping[str, frozenset[str]] = {
     "timeout": frozenset({"-s", "-k"}),
     "taskset": frozenset(),
 }
+# Environment managers whose `run` starts the command in an environment of theirs, with its own Python (which the
+# host cannot name without --sglang-python), and those options of theirs that take a value.
+ENV_MANAGERS: Mapping[str, frozenset[str]] = {
+    "uv": frozenset({
+        "--with", "--with-editable", "--with-requirements", "--python", "-p", "--project", "--directory",
+        "--package", "--extra", "--group", "--only-group", "--env-file", "--index", "--default-index",
+        "--index-url", "--extra-index-url", "--find-links", "-f", "--config-file", "--cache-dir", "--color",
+    }),
+    "conda": frozenset({"-n", "--name", "-p", "--prefix", "--cwd"}),
+    "mamba": frozenset({"-n", "--name", "-p", "--prefix", "--cwd"}),
+    "micromamba": frozenset({"-n", "--name", "-p", "--prefix", "--cwd", "-a", "--attach", "-r", "--root-prefix"}),
+    "pixi": frozenset({"-e", "--environment", "--manifest-path", "--color"}),
+    "poetry": frozenset({"-C", "--directory", "-P", "--project"}),
+    "pipenv": frozenset(),
+}  # fmt: skip
 _SHELL_VARIABLE = re.compile(r"\$(?:\{(\w+)\}|(\w+))")
 # docker/podman run's options that take no value (every other option takes one).
 _CONTAINER_SWITCHES = frozenset({
@@ -125,7 +140,7 @@ class ServerLaunch:
     def describe(self) -> str:
         """`sglang serve in docker run (lmsysorg/sglang) via env`, for messages."""
         where = f"{self.shape} in {self.container.runtime} run ({self.container.image})" if self.container else ""
-        outside = [v for v in self.via if not v.endswith(" run")]
+        outside = [v for v in self.via if v.split()[0] not in CONTAINER_RUNTIMES]
         return (where or self.shape) + (f" via {', '.join(outside)}" if outside else "")
 
     def flag(self, *names: str) -> str | None:
@@ -220,6 +235,9 @@ def _read(argv: list[str], at: _Reading) -> ServerLaunch | None:
     if name in PREFIXES:
         start = _after_prefix(name, argv)
         return _read(argv[start:], at.inside(name, argv[:start]))
+    if name in ENV_MANAGERS and argv[1:2] == ["run"]:
+        start = _after_options(argv, 2, ENV_MANAGERS[name])
+        return _read(argv[start:], at.inside(f"{name} run", argv[:start]))
     if name in CONTAINER_RUNTIMES and len(argv) > 1 and argv[1] == "run" and at.container is None:
         return _read_container(argv, at)
     return _read_server(argv, at)
@@ -227,13 +245,14 @@ def _read(argv: list[str], at: _Reading) -> ServerLaunch | None:
 
 def _read_server(argv: list[str], at: _Reading) -> ServerLaunch | None:
     program, name = argv[0], Path(argv[0]).name
+    unknown = at.container is not None or manager(at.via) is not None  # their Python is theirs to choose
     if name == CLI_PROGRAM and argv[1:2] == [CLI_SUBCOMMAND]:
-        python, source = (None, None) if at.container else _script_python(program, at.env)
+        python, source = (None, None) if unknown else _script_python(program, at.env)
         return _server(CLI, argv, 2, at, python, source)
     index, module = _python_target(argv)
     if index is None:
         return None
-    python, source = (None, None) if at.container else _interpreter(program, at.env)
+    python, source = (None, None) if unknown else _interpreter(program, at.env)
     if module is not None:
         if module not in facts.SERVER_MODULES:
             return None
@@ -371,6 +390,18 @@ def _read_env(argv: list[str], at: _Reading) -> ServerLaunch | None:
         env[key], own[key] = value, value
         index += 1
     return _read(argv[index:], at.inside("env", argv[:index], env=env, own=own))
+
+
+def manager(via: Sequence[str]) -> str | None:
+    """The environment manager a launch runs behind (`uv run`), if any."""
+    return next((v for v in via if v.split()[0] in ENV_MANAGERS), None)
+
+
+def _after_options(argv: list[str], index: int, takes_value: frozenset[str]) -> int:
+    """Where the command starts after a prefix's options from `index` (`--` ends them)."""
+    while index < len(argv) and argv[index].startswith("-") and argv[index] != "--":
+        index += 2 if argv[index] in takes_value else 1
+    return index + 1 if index < len(argv) and argv[index] == "--" else index
 
 
 def _after_prefix(name: str, argv: list[str]) -> int:
