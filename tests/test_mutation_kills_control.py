@@ -492,3 +492,13 @@ def test_a_process_older_than_the_run_is_never_told_as_a_writer_of_its_log(workd
     finally:
         older.kill()
         older.wait()
+
+
+def test_a_kill_with_a_signal_it_does_not_send_is_refused_in_one_line_and_signals_nothing(workdir: Path) -> None:
+    run = launched(RunStore(workdir), SLEEP)
+    child = wait_for(run.child, 20, "the child")
+    with pytest.raises(runctl.OpError) as refused:
+        runctl.kill(run, "HUP", 10)
+    assert (refused.value.code, refused.value.message) == ("bad_args", "signal must be one of TERM, INT, KILL")
+    assert procinfo.is_alive(child) and not [e for e in run.events() if e["type"] == "signal"]
+    runctl.kill(run, "KILL", 0)
