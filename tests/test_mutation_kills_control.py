@@ -135,6 +135,10 @@ def test_a_users_command_keeps_what_it_was_given_and_is_named_for_its_program() 
             {"module": "backends.nothing"},
             "module 'backends.nothing' is not one of ours: backends.extract, backends.train",
         ),
+        (
+            {"module": "backends.train", "job": "j", "node_rank": 0, "nnodes": 2},
+            "a node of a job of our stages meets the others at a rendezvous: give HOST:PORT",
+        ),
     ],
 )
 def test_a_launch_that_makes_no_sense_is_refused_as_bad_arguments_in_one_line(given: dict[str, Any], said: str) -> None:
@@ -502,3 +506,66 @@ def test_a_kill_with_a_signal_it_does_not_send_is_refused_in_one_line_and_signal
     assert (refused.value.code, refused.value.message) == ("bad_args", "signal must be one of TERM, INT, KILL")
     assert procinfo.is_alive(child) and not [e for e in run.events() if e["type"] == "signal"]
     runctl.kill(run, "KILL", 0)
+
+
+def test_a_job_of_one_node_of_our_stage_needs_no_rendezvous_and_gets_no_torchrun_node_options() -> None:
+    spec = runctl.checked_spec(
+        None, **launch_args(argv=["--steps", "1"], module="backends.train", job="j", node_rank=0, nnodes=1)
+    )
+    assert spec.job == {"id": "j", "node_rank": 0, "nnodes": 1}
+    assert not [arg for arg in spec.argv if arg.startswith(("--rdzv", "--nnodes", "--node-rank"))]
+
+
+def test_a_kill_records_the_pids_it_signals_and_says_it_did_not_escalate(workdir: Path) -> None:
+    run = launched(RunStore(workdir), ["sh", "-c", "sleep 60 & wait"])
+    wait_for(lambda: len(run.processes()) == 2, 20, "the shell and its sleep")
+    pids = sorted(run.processes())
+    report = runctl.kill(run, "TERM", 10)
+    assert report["escalated"] is False
+    [signalled] = [e for e in run.events() if e["type"] == "signal"]
+    assert signalled["pids"] == pids
+
+
+def test_a_process_that_ends_on_its_own_just_before_its_signal_is_reported_dead_not_refused(
+    workdir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The run's child exits (here: is killed by the test and reaped by its supervisor) between the kill's look and
+    its signal: the signal is not sent (the process is gone), and nothing was refused."""
+    run = launched(RunStore(workdir), SLEEP)
+    child = wait_for(run.child, 20, "the child")
+    real = procinfo.signal_if_ours
+
+    def gone_first(ident: procinfo.ProcIdentity, sig: signal.Signals, proof: Any = None) -> str | None:
+        os.kill(ident.pid, signal.SIGKILL)
+        wait_for(lambda: not procinfo.is_alive(ident), 20, "the child gone")
+        return real(ident, sig, proof)
+
+    monkeypatch.setattr(procinfo, "signal_if_ours", gone_first)
+    report = runctl.kill(run, "TERM", 10)
+    assert report["refused"] == [] and report["processes"] == [{"pid": child.pid, "signals": [], "died": True}]
+
+
+FORKS_CLEANUP_ON_TERM = """
+import os, pathlib, signal, sys, time
+out = pathlib.Path(sys.argv[1])
+def on_term(*_):
+    if os.fork() == 0:
+        time.sleep(1.0)
+        out.joinpath("cleanup-done").touch()
+        os._exit(0)
+    os._exit(0)
+signal.signal(signal.SIGTERM, on_term)
+print("up", flush=True)
+time.sleep(300)
+"""
+
+
+def test_a_cleanup_forked_as_its_launcher_exits_is_waited_for_though_the_launcher_is_gone_at_once(
+    workdir: Path, tmp_path: Path
+) -> None:
+    """The processes known at the signal are all gone by the next look: the look for newcomers still happens."""
+    run = launched(RunStore(workdir), [sys.executable, "-c", FORKS_CLEANUP_ON_TERM, str(tmp_path)])
+    wait_for(lambda: run.file("output.log").read_text() == "up\n", 20, "the child up")
+    report = runctl.kill(run, "TERM", 10)
+    assert (tmp_path / "cleanup-done").exists() and not report["escalated"]
+    assert sorted((p["signals"], p["died"]) for p in report["processes"]) == [([], True), (["TERM"], True)]
