@@ -5,16 +5,19 @@ said in `links` while the other answers. (The console over two real sshd hosts i
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
 from typing import cast
 
 import pytest
 
+from backends.runs.store import RunStore
 from console.fleet.hosts import Fleet, HostsStatus
 from console.fleet.names import split
 from console.link.client import AgentClient
 from console.link.local import LocalTransport
 from console.link.transport import AgentError, TransportError
+from tests.test_status_index import ended_run
 
 SLEEPER = "import time; time.sleep(60)"
 
@@ -62,3 +65,20 @@ async def test_a_relaunch_comes_back_named_by_its_host(tmp_path: Path) -> None:
 
 def test_a_run_key_splits_at_its_last_slash() -> None:
     assert split("me@gpu1:2222/20261201-000000-000-0000") == ("me@gpu1:2222", "20261201-000000-000-0000")
+
+
+async def test_the_ended_runs_not_listed_are_counted_over_every_host(tmp_path: Path) -> None:
+    """The console over two hosts asks each for its newest ended runs: what each left out adds up, once."""
+    made = {"a": 7, "b": 4}
+    for name, count in made.items():
+        store = RunStore(tmp_path / name)
+        for index in range(count):
+            ended_run(store, time.time() - 3600 - index * 60)
+    hosts = Fleet.of({name: AgentClient(LocalTransport(tmp_path / name)) for name in made})
+    try:
+        await hosts.reconnect_until_back(lambda exc: None)
+        status = await hosts.status(gpus=False, ended=3)
+        assert sorted(r["host"] for r in status["runs"]) == ["a"] * 3 + ["b"] * 3
+        assert (status["ended_total"], status["hidden"]) == (11, (7 - 3) + (4 - 3))
+    finally:
+        await hosts.close()
