@@ -569,3 +569,10 @@ def test_a_cleanup_forked_as_its_launcher_exits_is_waited_for_though_the_launche
     report = runctl.kill(run, "TERM", 10)
     assert (tmp_path / "cleanup-done").exists() and not report["escalated"]
     assert sorted((p["signals"], p["died"]) for p in report["processes"]) == [([], True), (["TERM"], True)]
+
+
+def test_a_launch_keeps_the_serving_python_and_the_metrics_source_it_was_given() -> None:
+    spec = runctl.checked_spec(
+        None, **launch_args(kind="train", argv=["train.py"], sglang_python="/srv/py", metrics_from="specforge")
+    )
+    assert (spec.sglang_python, spec.metrics_from) == ("/srv/py", "specforge")
