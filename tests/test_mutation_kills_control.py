@@ -409,9 +409,24 @@ def test_a_relaunch_is_a_new_launch_of_its_own_and_checked_as_one(workdir: Path,
     with pytest.raises(runctl.OpError) as refused:
         runctl.relaunch(store, serve.id, [], [], grace=0)
     assert refused.value.code == "doctor_refused"
-    assert (
-        runctl.relaunch(store, serve.id, [], [], grace=0, force=True, dry_run=True)["doctor"] == refused.value.details
-    )
+    preview = runctl.relaunch(store, serve.id, [], [], grace=0, force=True, dry_run=True)
+    assert preview["doctor"] == refused.value.details
+    # Forced, the copy starts, and its reply and events keep what doctor found.
+    forced = runctl.relaunch(store, serve.id, [], [], grace=0, force=True)
+    assert forced["doctor"] == refused.value.details
+    assert [e["type"] for e in store.get(forced["run"]).events()].count("doctor") == 1
+
+
+def test_a_relaunch_stops_its_parent_within_the_grace_it_was_given(workdir: Path) -> None:
+    deaf = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('up', flush=True); time.sleep(60)"
+    store = RunStore(workdir)
+    parent = launched(store, [sys.executable, "-c", deaf])
+    wait_for(lambda: parent.file("output.log").read_text() == "up\n", 20, "the parent up")
+    started = time.monotonic()
+    relaunched = runctl.relaunch(store, parent.id, [], [], grace=0.5)
+    stopped = relaunched["stopped_parent"]
+    assert stopped is not None and stopped["escalated"] and time.monotonic() - started < 8  # not kill's 10 s
+    runctl.kill(store.get(relaunched["run"]), "KILL", 0)
 
 
 def test_a_gpu_process_that_left_the_runs_group_is_still_the_runs_by_its_parent_chain(workdir: Path) -> None:
