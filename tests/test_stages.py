@@ -13,6 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from backends.eagle3_contract import read_manifest
+from backends.runs.stages import python_problem
 from backends.runs.store import RunDir
 from console.cli.grammar import Parser, stage_groups, stage_options
 from tests.conftest import CLI
@@ -134,3 +135,16 @@ def test_run_options_go_anywhere_and_the_stages_words_keep_their_order(words: li
 @pytest.mark.parametrize("stage", ["train", "extract"])
 def test_a_stage_option_never_shares_a_name_with_a_run_option(stage: str) -> None:
     stage_groups(Parser(), stage)  # argparse refuses two options of one name in one parser
+
+
+def test_a_stage_python_given_relative_to_the_runs_folder_is_found_there(tmp_path: Path) -> None:
+    """`--python ./venv/bin/python` with the run's folder as --cwd: the run starts there, and so does the check
+    (it had looked in the agent's folder and refused the launch: not a Python on the host)."""
+    (tmp_path / "venv" / "bin").mkdir(parents=True)
+    python = tmp_path / "venv" / "bin" / "python"
+    python.write_text(f'#!/bin/sh\nexec {sys.executable} "$@"\n')  # this venv's Python, which has torch
+    python.chmod(0o755)
+    argv = ["./venv/bin/python", "-m", "backends.train"]
+    assert python_problem(argv, {}, str(tmp_path)) is None
+    elsewhere = python_problem(argv, {}, str(tmp_path / "venv"))
+    assert elsewhere is not None and elsewhere.startswith("./venv/bin/python is not a Python on the host: ")

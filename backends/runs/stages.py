@@ -53,13 +53,16 @@ def python_problem(argv: list[str], env: Mapping[str, str], cwd: str | None) -> 
     python, module = stage
     merged = {**os.environ, **env}
     fix = "give --python PATH, the host's Python that has torch (pip install 'eagle3-console[train]' into it)"
-    if shutil.which(python, path=merged.get("PATH")) is None:
+    here = cwd if cwd and os.path.isdir(cwd) else None
+    # A relative path is the run's: its process starts in the run's folder.
+    seen = os.path.join(here, python) if here and os.sep in python and not os.path.isabs(python) else python
+    if shutil.which(seen, path=merged.get("PATH")) is None:
         return f"{python} is not a Python on the host: {fix}"
     try:
         done = subprocess.run(
             [python, "-c", _FINDS_TORCH],
             env=merged,
-            cwd=cwd if cwd and os.path.isdir(cwd) else None,
+            cwd=here,
             capture_output=True,
             text=True,
             timeout=CHECK_TIMEOUT_S,
