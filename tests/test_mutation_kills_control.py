@@ -591,3 +591,21 @@ def test_a_launch_keeps_the_serving_python_and_the_metrics_source_it_was_given()
         None, **launch_args(kind="train", argv=["train.py"], sglang_python="/srv/py", metrics_from="specforge")
     )
     assert (spec.sglang_python, spec.metrics_from) == ("/srv/py", "specforge")
+
+
+def test_the_gate_reads_a_draft_named_relative_to_the_runs_folder(tmp_path: Path) -> None:
+    """doctor on a real draft whose fc was trained on one layer's features, named as the run sees it."""
+    write_target(tmp_path / "target")
+    good_draft(tmp_path / "draft", fc_in=HIDDEN)
+    argv = [sys.executable, "-c", "pass", "--model-path", "target", "--speculative-draft-model-path", "draft"]
+    with pytest.raises(runctl.OpError) as refused:
+        runctl.gate(RunSpec(kind="serve", argv=argv, cwd=str(tmp_path)), force=False)
+    assert refused.value.code == "doctor_refused"
+
+
+def test_the_gate_asks_the_python_named_for_a_wrapper_about_its_flags(sglang_python: Path) -> None:
+    """The real SGLang 0.5.23's parser, in the interpreter --sglang-python names for a wrapper in Python's place."""
+    argv = ["/opt/bin/with-cuda.sh", "-m", "sglang.launch_server", "--model-path", "/m", "--no-such-flag"]
+    with pytest.raises(runctl.OpError) as refused:
+        runctl.gate(RunSpec(kind="serve", argv=argv, sglang_python=str(sglang_python)), force=False)
+    assert refused.value.code == "flags_refused" and "unrecognized arguments: --no-such-flag" in refused.value.message
