@@ -600,7 +600,9 @@ def test_the_gate_reads_a_draft_named_relative_to_the_runs_folder(tmp_path: Path
     argv = [sys.executable, "-c", "pass", "--model-path", "target", "--speculative-draft-model-path", "draft"]
     with pytest.raises(runctl.OpError) as refused:
         runctl.gate(RunSpec(kind="serve", argv=argv, cwd=str(tmp_path)), force=False)
-    assert refused.value.code == "doctor_refused"
+    assert refused.value.message == (
+        "doctor found 2 error(s) in the draft (fc-width); fix them, or launch with --force to start anyway"
+    )
 
 
 def test_the_gate_asks_the_python_named_for_a_wrapper_about_its_flags(sglang_python: Path) -> None:
