@@ -605,9 +605,13 @@ def test_the_gate_reads_a_draft_named_relative_to_the_runs_folder(tmp_path: Path
     )
 
 
-def test_the_gate_asks_the_python_named_for_a_wrapper_about_its_flags(sglang_python: Path) -> None:
-    """The real SGLang 0.5.23's parser, in the interpreter --sglang-python names for a wrapper in Python's place."""
-    argv = ["/opt/bin/with-cuda.sh", "-m", "sglang.launch_server", "--model-path", "/m", "--no-such-flag"]
+def test_the_gate_asks_the_python_named_for_a_wrapper_about_its_flags(sglang_python: Path, tmp_path: Path) -> None:
+    """The real SGLang 0.5.23's parser, in the interpreter --sglang-python names for a wrapper in Python's place;
+    the refusal carries what doctor found in the draft too (a real draft whose fc was trained on one layer)."""
+    target, draft = write_target(tmp_path / "target"), good_draft(tmp_path / "draft", fc_in=HIDDEN)
+    argv = ["/opt/bin/with-cuda.sh", "-m", "sglang.launch_server", "--model-path", str(target), "--no-such-flag"]
+    argv += ["--speculative-draft-model-path", str(draft)]
     with pytest.raises(runctl.OpError) as refused:
         runctl.gate(RunSpec(kind="serve", argv=argv, sglang_python=str(sglang_python)), force=False)
     assert refused.value.code == "flags_refused" and "unrecognized arguments: --no-such-flag" in refused.value.message
+    assert refused.value.details is not None and refused.value.details["draft"] == str(draft)
