@@ -615,3 +615,17 @@ def test_the_gate_asks_the_python_named_for_a_wrapper_about_its_flags(sglang_pyt
         runctl.gate(RunSpec(kind="serve", argv=argv, sglang_python=str(sglang_python)), force=False)
     assert refused.value.code == "flags_refused" and "unrecognized arguments: --no-such-flag" in refused.value.message
     assert refused.value.details is not None and refused.value.details["draft"] == str(draft)
+
+
+def test_a_doctor_refusal_names_every_kind_of_error_it_found(sglang_python: Path, tmp_path: Path) -> None:
+    """The real SGLang 0.5.23's loader dry-loads the draft whose fc was trained on one layer: three errors of
+    three codes, named in order."""
+    target, draft = write_target(tmp_path / "target"), good_draft(tmp_path / "draft", fc_in=HIDDEN)
+    argv = ["/opt/bin/with-cuda.sh", "-m", "sglang.launch_server", "--model-path", str(target)]
+    argv += ["--speculative-draft-model-path", str(draft)]
+    with pytest.raises(runctl.OpError) as refused:
+        runctl.gate(RunSpec(kind="serve", argv=argv, sglang_python=str(sglang_python)), force=False)
+    assert refused.value.message == (
+        "doctor found 3 error(s) in the draft (dry-load-failed, dry-load-unwritten, fc-width); fix them, or launch "
+        "with --force to start anyway"
+    )
