@@ -629,3 +629,19 @@ def test_a_doctor_refusal_names_every_kind_of_error_it_found(sglang_python: Path
         "doctor found 3 error(s) in the draft (dry-load-failed, dry-load-unwritten, fc-width); fix them, or launch "
         "with --force to start anyway"
     )
+
+
+def test_a_launch_answers_once_its_child_runs_or_its_start_failed_not_at_the_end_of_its_window(
+    workdir: Path,
+) -> None:
+    """Its reply waits for the child to run (or its start to fail, said in one line), up to 5 s: not for both."""
+    store = RunStore(workdir)
+    started = time.monotonic()
+    replies = [runctl.launch(store, RunSpec(kind="command", argv=argv)) for argv in (SLEEP, SLEEP, ["/no/such/prog"])]
+    assert time.monotonic() - started < 12  # three windows would be 15 s
+    assert [r["state"] for r in replies] == ["running", "running", "failed"]
+    assert replies[2]["error"] == (
+        "cannot start '/no/such/prog': No such file or directory (check the program name and PATH, or the --cwd)"
+    )
+    for reply in replies[:2]:
+        runctl.kill(store.get(reply["run"]), "KILL", 0)
