@@ -414,7 +414,12 @@ def test_a_relaunch_is_a_new_launch_of_its_own_and_checked_as_one(workdir: Path,
     # Forced, the copy starts, and its reply and events keep what doctor found.
     forced = runctl.relaunch(store, serve.id, [], [], grace=0, force=True)
     assert forced["doctor"] == refused.value.details
-    assert [e["type"] for e in store.get(forced["run"]).events()].count("doctor") == 1
+    events = store.get(forced["run"]).events()
+    [doctor] = [e for e in events if e["type"] == "doctor"]
+    assert {k: doctor[k] for k in ("errors", "warnings", "findings")} == {
+        k: refused.value.details[k] for k in ("errors", "warnings", "findings")
+    }
+    assert [e["parent"] for e in events if e["type"] == "launch"] == [serve.id]
 
 
 def test_a_relaunch_stops_its_parent_within_the_grace_it_was_given(workdir: Path) -> None:
