@@ -8,6 +8,7 @@ user's, stack dumps of an ended run, and a GPU process attributed to its run by 
 from __future__ import annotations
 
 import copy
+import errno
 import itertools
 import json
 import os
@@ -650,3 +651,21 @@ def test_a_launch_answers_once_its_child_runs_or_its_start_failed_not_at_the_end
     )
     for reply in replies[:2]:
         runctl.kill(store.get(reply["run"]), "KILL", 0)
+
+
+def test_a_launch_whose_first_record_fails_otherwise_says_the_systems_words_and_leaves_no_run(
+    workdir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An I/O error (a failing disk, an NFS hiccup), not a full disk: the system's own words, in one line."""
+
+    def broken(self: RunDir, event_type: str, /, **fields: Any) -> None:
+        raise OSError(errno.EIO, "Input/output error")
+
+    store = RunStore(workdir)
+    monkeypatch.setattr(RunDir, "append_event", broken)
+    with pytest.raises(StoreError) as refused:
+        runctl.launch(store, RunSpec(kind="command", argv=SLEEP))
+    assert str(refused.value) == (
+        "Input/output error: the run was not launched; free some space or choose another --workdir"
+    )
+    assert store.ids() == []
