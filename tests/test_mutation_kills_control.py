@@ -669,3 +669,14 @@ def test_a_launch_whose_first_record_fails_otherwise_says_the_systems_words_and_
         "Input/output error: the run was not launched; free some space or choose another --workdir"
     )
     assert store.ids() == []
+
+
+def test_a_run_whose_exit_record_is_corrupt_counts_as_ended_for_gpu_attribution(workdir: Path) -> None:
+    """A damaged exit.json is still an exit record: waiting will not mend it, and no GPU process is put on it."""
+    store = RunStore(workdir)
+    run = launched(store, SLEEP)
+    child = wait_for(run.child, 20, "the child")
+    assert runctl.owner_lookup(store) == {child.pid: run.id}
+    run.file("exit.json").write_text("{not json")
+    assert runctl.owner_lookup(store) == {}
+    os.kill(child.pid, signal.SIGKILL)
