@@ -105,6 +105,20 @@ def test_kill_and_relaunch_of_a_finished_run_never_hit_the_group_that_recycled_i
     ended(store.get(relaunched["run"]))
 
 
+def test_a_relaunch_of_a_run_that_ends_as_it_is_stopped_starts_the_copy(
+    workdir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The parent is seen alive, then ends on its own before the stop's signal (CI met it): the copy still starts,
+    and nothing was stopped. Forced here by the look that saw it alive."""
+    store = RunStore(workdir)
+    parent = launch(store, ["true"])
+    assert ended(parent) == "exited"
+    monkeypatch.setattr(runctl, "has_live_processes", lambda run: True)
+    relaunched = runctl.relaunch(store, parent.id, [], [], grace=0)
+    assert relaunched["stopped_parent"] is None and relaunched["parent"] == parent.id
+    assert ended(store.get(relaunched["run"])) == "exited"
+
+
 def test_a_kill_with_no_grace_reports_every_process_dead_once_it_is(workdir: Path) -> None:
     """SIGKILL is never refused, but a killed orphan stays in /proc until its reaper gets to it: the report waited
     for none and said `died: false` of a process in one run of three here."""

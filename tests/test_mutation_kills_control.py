@@ -413,6 +413,7 @@ def test_a_relaunch_is_a_new_launch_of_its_own_and_checked_as_one(workdir: Path,
     preview = runctl.relaunch(store, serve.id, [], [], grace=0, force=True, dry_run=True)
     assert preview["doctor"] == refused.value.details
     # Forced, the copy starts, and its reply and events keep what doctor found.
+    wait_for(serve.exit, 20, "the served command's exit")
     forced = runctl.relaunch(store, serve.id, [], [], grace=0, force=True)
     assert forced["doctor"] == refused.value.details
     events = store.get(forced["run"]).events()

@@ -318,10 +318,20 @@ def relaunch(
             "flags": checked["flags"],
             "doctor": checked["doctor"],
         }
-    stopped = kill(parent, "TERM", grace) if has_live_processes(parent) else None
+    stopped = _stop(parent, grace) if has_live_processes(parent) else None
     result = launch(store, child_spec, checked)
     result.update(parent=parent.id, argv=mask_argv(argv), stopped_parent=stopped)
     return result
+
+
+def _stop(run: RunDir, grace: float) -> KillResult | None:
+    """A relaunch's stop of its parent: None when the parent ended on its own since it was seen alive."""
+    try:
+        return kill(run, "TERM", grace)
+    except OpError as exc:
+        if exc.code != "not_running":
+            raise
+        return None
 
 
 def owner_lookup(store: RunStore, runs: Iterable[RunDir] | None = None) -> dict[int, str]:
