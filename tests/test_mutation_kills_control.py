@@ -681,3 +681,14 @@ def test_a_run_whose_exit_record_is_corrupt_counts_as_ended_for_gpu_attribution(
     run.file("exit.json").write_text("{not json")
     assert runctl.owner_lookup(store) == {}
     os.kill(child.pid, signal.SIGKILL)
+
+
+def test_a_supervisor_that_cannot_start_is_told_with_its_own_last_line(tmp_path: Path) -> None:
+    folder = tmp_path / "not-a-run"
+    folder.mkdir()
+    with pytest.raises(runctl.OpError) as refused:
+        runctl.start_supervisor(RunDir(folder))
+    assert (refused.value.code, refused.value.message) == (
+        "launch_failed",
+        f"the run supervisor did not start: supervise: {folder} is not a run folder (no spec.json)",
+    )
