@@ -103,9 +103,8 @@ def edit_argv(argv: list[str], sets: list[str], unsets: list[str]) -> list[str]:
     if {"$@", "$*"} & set(words) or not commands:
         return _edit_words(argv, sets, unsets)
     begin, end = _target([words[b:e] for b, e in commands], [parse_set(i)[0] for i in sets] + unsets, commands)
-    command, redirects = shellwords.without_redirects(words[begin:end])
-    text = shellwords.join([*words[:begin], *_edit_words(list(command), sets, unsets), *redirects, *words[end:]])
-    return [*argv[:at], text, *argv[at + 1 :]]
+    command, written = shellwords.command_at(words, begin, end)
+    return [*argv[:at], written(_edit_words(list(command), sets, unsets)), *argv[at + 1 :]]
 
 
 # What a shell string runs around its command (`cd /w && python train.py ...; echo done`), never what takes flags.

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 import shlex
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import PurePath
 
 SHELLS = frozenset({"bash", "sh", "dash", "zsh", "ksh"})
@@ -198,7 +198,16 @@ def simple_commands(words: Sequence[str]) -> list[tuple[int, int]]:
     return found
 
 
-def without_redirects(words: Sequence[ShellWord]) -> tuple[list[ShellWord], list[ShellWord]]:
+def command_at(
+    words: Sequence[ShellWord], begin: int, end: int
+) -> tuple[list[ShellWord], Callable[[Sequence[str]], str]]:
+    """The simple command `words[begin:end]` less its redirections, and the string written back with other words
+    in its place (the redirections after them: one means the same anywhere in its command)."""
+    command, redirects = _without_redirects(words[begin:end])
+    return command, lambda new: join([*words[:begin], *new, *redirects, *words[end:]])
+
+
+def _without_redirects(words: Sequence[ShellWord]) -> tuple[list[ShellWord], list[ShellWord]]:
     """A simple command's words less its redirections (`> log`, `2>&1`: a descriptor only when written against its
     redirection; `--tp 2 > log` keeps its 2), and those."""
     kept: list[ShellWord] = []

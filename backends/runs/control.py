@@ -242,7 +242,7 @@ def kill(run: RunDir, signal_name: str = "TERM", grace: float = 10.0) -> KillRes
         targets.update(survivors)
         send(signal.SIGKILL, survivors)
         wait_gone(KILL_ESCALATION_WAIT_S)
-    elif survivors and first == signal.SIGKILL:  # killed, but not yet gone from /proc (an orphan awaits its reaper)
+    elif survivors:  # killed, but not yet gone from /proc (an orphan awaits its reaper)
         wait_gone(KILL_ESCALATION_WAIT_S)
     _wait_exit_record(run)
     refused.extend(unproven_of(run, targets))

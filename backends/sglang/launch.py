@@ -405,17 +405,8 @@ def _after_options(argv: list[str], index: int, takes_value: frozenset[str]) -> 
 
 
 def _after_prefix(name: str, argv: list[str]) -> int:
-    """Where the command run by a prefix (`numactl --physcpubind=0-7 CMD`) starts."""
-    takes_value = PREFIXES[name]
-    index = 1
-    while index < len(argv) and argv[index].startswith("-") and argv[index] != "--":
-        word = argv[index]
-        if name == "nice" and word[1:].lstrip("-").isdigit():
-            index += 1  # nice -10
-            continue
-        index += 2 if word in takes_value else 1
-    if index < len(argv) and argv[index] == "--":
-        index += 1
+    """Where the command run by a prefix (`numactl --physcpubind=0-7 CMD`, `nice -10 CMD`) starts."""
+    index = _after_options(argv, 1, PREFIXES[name])
     if name in ("taskset", "timeout"):
         index += 1  # the CPU mask or list, the duration
     return index
@@ -438,15 +429,11 @@ def _read_shell(argv: list[str], at: _Reading) -> ServerLaunch | None:
                 expanded = _expand_one(value, env_here)[0] if words[begin].expands else [value]
                 env_here[key] = own_here[key] = " ".join(expanded)
             begin += 1
-        command, redirects = shellwords.without_redirects(words[begin:end])
+        command, written = shellwords.command_at(words, begin, end)
         env_here["@"] = "\0".join(positional)
 
-        def rebuilt(
-            new: list[str], begin: int = begin, end: int = end, redirects: Sequence[str] = tuple(redirects)
-        ) -> list[str]:
-            # A redirection means the same anywhere in its command: it is written after the flags.
-            text = shellwords.join([*words[:begin], *new, *redirects, *words[end:]])
-            return at.rebuild([*argv[:at_string], text, *argv[at_string + 1 :]])
+        def rebuilt(new: list[str], written: Callable[[Sequence[str]], str] = written) -> list[str]:
+            return at.rebuild([*argv[:at_string], written(new), *argv[at_string + 1 :]])
 
         found = _read(list(command), replace(at, via=(*at.via, shell), env=env_here, own=own_here, rebuild=rebuilt))
         if found is not None:
